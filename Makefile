@@ -1,0 +1,46 @@
+# The README's commands. `make demo` sets up and runs the main job; `make test` runs the tests.
+# Both create the virtual environment on first use (CPU install: torch 2.13.0 from constraints.txt).
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+PPOFLOW := $(VENV)/bin/ppoflow
+DEMO_DIR ?= outputs/demo
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: install demo test test-all test-slow lint bench-env
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PIP) install --upgrade -q pip
+	$(PIP) install torch==2.13.0
+	$(PIP) install -c constraints.txt -e '.[dev]'
+	touch $@
+
+demo: install
+	$(PPOFLOW) make-demo-data $(DEMO_DIR)/data
+	$(PPOFLOW) make-tiny-model $(DEMO_DIR)/model
+	$(PPOFLOW) config show --config configs/demo-cpu.yaml > $(DEMO_DIR)/config.yaml
+	$(PPOFLOW) make-sample-batch $(DEMO_DIR)/sample-batch
+	$(PPOFLOW) inspect $(DEMO_DIR)/sample-batch
+	$(PPOFLOW) ledger --batch 4 --n 4 --prompt-len 64 --response-len 16
+
+test: install
+	$(PY) -m pytest
+
+test-slow: install
+	$(PY) -m pytest -m 'slow and not gpu'
+
+# What CI runs: the default suite, then the slow end-to-end tests.
+test-all: test test-slow
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# Baselines for bench/: verl 0.9.1 without its pins, plus what its imports need.
+bench-env: install
+	$(PIP) install -c constraints.txt --no-deps verl==0.9.1
+	$(PIP) install -c constraints.txt ray codetiming omegaconf

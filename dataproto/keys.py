@@ -1,0 +1,60 @@
+"""The one spelling of every batch key ppoflow reads or writes (verl's names where verl has them).
+
+Shapes use the project legend: B samples, P prompt tokens, R response tokens, T = P + R.
+Add a key here before using it anywhere else.
+"""
+
+# --- tensor layer (TensorDict, dim 0 = rows) ---
+INPUT_IDS = "input_ids"  # (B, T) int64: prompts ‖ responses
+ATTENTION_MASK = "attention_mask"  # (B, T) int64 {0,1}: prompt left-padded, response right-padded
+POSITION_IDS = "position_ids"  # (B, T) int64
+PROMPTS = "prompts"  # (B, P) int64, left-padded
+RESPONSES = "responses"  # (B, R) int64, right-padded
+RESPONSE_MASK = "response_mask"  # (B, R) int64 {0,1}: 1 on generated tokens incl. EOS
+ROLLOUT_LOG_PROBS = "rollout_log_probs"  # (B, R) float32: sampler's log-probs of chosen tokens
+OLD_LOG_PROBS = "old_log_probs"  # (B, R) float32: actor log-probs before the update
+REF_LOG_PROB = "ref_log_prob"  # (B, R) float32: reference policy log-probs
+VALUES = "values"  # (B, R) float32: critic values
+RM_SCORES = "rm_scores"  # (B, R) float32: one score per row at its last valid response token
+TOKEN_LEVEL_SCORES = "token_level_scores"  # (B, R) float32: rm_scores as the reward tensor
+TOKEN_LEVEL_REWARDS = "token_level_rewards"  # (B, R) float32: scores minus the KL-in-reward term
+ADVANTAGES = "advantages"  # (B, R) float32
+RETURNS = "returns"  # (B, R) float32
+REWARD_BASELINES = "reward_baselines"  # (B,) float32: ReMax greedy-sample reward
+ENTROPYS = "entropys"  # (B, R) float32: per-token entropy (dropped after old_log_prob)
+
+# --- non-tensor layer (numpy, dim 0 = rows) ---
+UID = "uid"  # (B,) object str: the prompt group
+DATA_SOURCE = "data_source"  # (B,) object str: routes the scorer
+REWARD_MODEL = "reward_model"  # (B,) object dict {style, ground_truth}
+EXTRA_INFO = "extra_info"  # (B,) object dict
+RAW_PROMPT = "raw_prompt"  # (B,) object list[dict]: chat messages
+ABILITY = "ability"  # (B,) object str
+NUM_TURNS = "__num_turns__"  # (B,) int
+
+# --- meta_info (per step) ---
+TEMPERATURE = "temperature"  # float
+GLOBAL_STEPS = "global_steps"  # int
+GLOBAL_TOKEN_NUM = "global_token_num"  # list[int]: per-row attention-mask sums
+METRICS = "metrics"  # dict[str, list | float]: merged specially by concat
+REWARD_EXTRA_KEYS = "reward_extra_keys"  # list[str]: non-tensor keys holding reward extras
+
+#: keys whose dim 1 is the response-token axis (R)
+RESPONSE_TOKEN_KEYS = frozenset(
+    {
+        RESPONSES,
+        RESPONSE_MASK,
+        ROLLOUT_LOG_PROBS,
+        OLD_LOG_PROBS,
+        REF_LOG_PROB,
+        VALUES,
+        RM_SCORES,
+        TOKEN_LEVEL_SCORES,
+        TOKEN_LEVEL_REWARDS,
+        ADVANTAGES,
+        RETURNS,
+        ENTROPYS,
+    }
+)
+#: keys whose dim 1 is the full-sequence token axis (T) or the prompt axis (P)
+SEQUENCE_TOKEN_KEYS = frozenset({INPUT_IDS, ATTENTION_MASK, POSITION_IDS, PROMPTS})
