@@ -1,0 +1,123 @@
+"""Read algorithm settings from whatever config object the caller holds.
+
+The estimators and KL controllers accept verl-style configs: a pydantic model or dataclass with the
+right attribute names, an OmegaConf ``DictConfig``, a plain ``Mapping``, or ``None``. This module is
+the one place that knows how to read a field from any of them, and the one place where the verl
+defaults of those fields live (``ALGORITHM_DEFAULTS``), so no ``cfg.get(x, default)`` is scattered
+around the math.
+
+Example:
+    >>> read_field({"gamma": 0.99}, "gamma")
+    0.99
+    >>> read_field(None, "lam")
+    1.0
+    >>> layered = with_overrides({"gamma": 0.99}, lam=0.95)
+    >>> read_field(layered, "gamma"), read_field(layered, "lam")
+    (0.99, 0.95)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+#: verl 0.9.1 yaml defaults (``algorithm.*`` and ``algorithm.kl_ctrl.*``) of every field read here
+ALGORITHM_DEFAULTS: Mapping[str, Any] = {
+    "use_pf_ppo": False,
+    "gamma": 1.0,
+    "lam": 1.0,
+    "norm_adv_by_std_in_grpo": True,
+    "type": "fixed",
+    "kl_coef": 0.001,
+    "horizon": 10000,
+    "target_kl": 0.1,
+}
+
+_MISSING = object()
+
+
+def read_field(config: Any, name: str) -> Any:
+    """``config.name`` or ``config[name]``; a ``None`` config or an absent field gives the verl default.
+
+    Raises ``KeyError`` when the field is absent and has no verl default (a bug in the caller).
+    """
+    value = _lookup(config, name)
+    if value is not _MISSING:
+        return value
+    if name in ALGORITHM_DEFAULTS:
+        return ALGORITHM_DEFAULTS[name]
+    raise KeyError(
+        f"config field {name!r} is missing from {type(config).__name__} and has no default; "
+        f"known defaults: {sorted(ALGORITHM_DEFAULTS)}"
+    )
+
+
+def _lookup(config: Any, name: str) -> Any:
+    if config is None:
+        return _MISSING
+    if isinstance(config, Mapping):
+        return config.get(name, _MISSING)
+    return getattr(config, name, _MISSING)
+
+
+class ConfigOverlay(Mapping[str, Any]):
+    """A read-only view: explicit ``overrides`` first, then the wrapped ``base`` config.
+
+    Supports both access styles (``view.gamma`` and ``view["gamma"]`` / ``view.get``), so verl-style
+    custom estimators that read their config either way keep working.
+    """
+
+    def __init__(self, base: Any, overrides: Mapping[str, Any]) -> None:
+        self._base = base
+        self._overrides = dict(overrides)
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._overrides:
+            return self._overrides[name]
+        value = _lookup(self._base, name)
+        if value is _MISSING:
+            raise KeyError(name)
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"config has no field {name!r}") from None
+
+    def _base_keys(self) -> list[str]:
+        if isinstance(self._base, Mapping):
+            return list(self._base)
+        if self._base is None:
+            return []
+        return [k for k in getattr(self._base, "__dict__", {}) if not k.startswith("_")]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self._overrides, *self._base_keys()]))
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+    def __repr__(self) -> str:
+        return f"ConfigOverlay(overrides={self._overrides!r}, base={self._base!r})"
+
+
+def with_overrides(config: Any, **overrides: Any) -> Any:
+    """``config`` with the non-``None`` ``overrides`` layered on top; ``config`` itself if there are none.
+
+    An override that disagrees with a value the config already sets raises ``ValueError``: the
+    two would silently compete (verl reads one or the other depending on the estimator).
+    """
+    given = {name: value for name, value in overrides.items() if value is not None}
+    if not given:
+        return config
+    for name, value in given.items():
+        existing = _lookup(config, name)
+        if existing is not _MISSING and existing != value:
+            raise ValueError(
+                f"{name} is given twice with different values: {name}={value!r} as an argument and "
+                f"{existing!r} in config; pass it in one place only"
+            )
+    return ConfigOverlay(config, given)
