@@ -1,0 +1,400 @@
+"""What every ppoflow metric measures, and over what it is averaged.
+
+One :class:`MetricDoc` per metric or metric family, in a :class:`Registry` keyed by the name
+pattern. ``{placeholder}`` parts of a pattern match the regex in :data:`PLACEHOLDERS`, so
+``timing_s/{stage}`` covers ``timing_s/gen`` and ``timing_s/agent_loop/generate_sequences``.
+:func:`describe_metric` looks a concrete name up (sanitized MLflow names work too) and
+:func:`markdown_table` renders the catalog for ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from stages.metrics.naming import restore_metric_name
+from stages.registry import Registry
+
+#: regex of each placeholder that may appear in a pattern
+PLACEHOLDERS = {
+    "stat": "mean|max|min",
+    "length_stat": "mean|max|min|clip_ratio",
+    "stage": ".+",
+    "token_stage": "gen|ref|values|adv|update_critic|update_actor",
+    "role": "actor|critic|actor_infer",
+    "seqlen_stat": "min|max|minmax_diff|balanced_min|balanced_max|mean",
+    "section": "val-core|val-aux",
+    "data_source": ".+",
+    "var": "[^/]+",
+    "n": "[0-9]+",
+    "k": "[0-9]+",
+    "mean_or_std": "mean|std",
+}
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+
+@dataclass(frozen=True)
+class MetricDoc:
+    """One catalog entry: the name pattern, what it measures, its denominator, who emits it."""
+
+    pattern: str
+    what: str
+    denominator: str
+    emitted_by: str
+
+    def description(self) -> str:
+        return f"{self.what} Denominator: {self.denominator}."
+
+    def regex(self) -> re.Pattern[str]:
+        parts, last = [], 0
+        for match in _PLACEHOLDER.finditer(self.pattern):
+            parts += [
+                re.escape(self.pattern[last : match.start()]),
+                f"(?:{PLACEHOLDERS[match[1]]})",
+            ]
+            last = match.end()
+        return re.compile("".join([*parts, re.escape(self.pattern[last:])]))
+
+
+METRICS = Registry[MetricDoc]("metric description")
+
+_DATA = "compute_data_metrics"
+_ROWS = "real (non-padding) rows of the batch"
+_NON_ABORTED = "non-aborted (response length > 0), non-padding rows; NaN if there are none"
+_TOKENS = "response tokens (response_mask = 1) of non-padding rows; NaN if there are none"
+_VAL = "process_validation_metrics + split_val_core_aux"
+_PER_UID = "then averaged over the prompts (uids) of the data source that have this metric"
+
+_ENTRIES = [
+    # --- compute_data_metrics ---
+    (
+        "critic/score/{stat}",
+        "Sequence score Σ_t token_level_scores (reward before any KL penalty) per row: mean, max or min.",
+        _NON_ABORTED,
+        _DATA,
+    ),
+    (
+        "critic/rewards/{stat}",
+        "Sequence reward Σ_t token_level_rewards (score minus the KL-in-reward term) per row.",
+        _NON_ABORTED,
+        _DATA,
+    ),
+    ("critic/advantages/{stat}", "Token advantages.", _TOKENS, _DATA),
+    ("critic/returns/{stat}", "Token returns (value targets).", _TOKENS, _DATA),
+    (
+        "critic/values/{stat}",
+        "Critic value predictions of the batch (only with a critic).",
+        _TOKENS,
+        _DATA,
+    ),
+    (
+        "critic/vf_explained_var",
+        "1 − var(returns − values) / (var(returns) + 1e-5) with unbiased (n − 1) variances; 1 = perfect critic, ≤ 0 = no better than a constant (only with a critic).",
+        _TOKENS + " (NaN below 2 tokens)",
+        _DATA,
+    ),
+    (
+        "response_length/{length_stat}",
+        "Response length from the response part of attention_mask (tool tokens included); clip_ratio = fraction of rows whose length equals the padded width responses.shape[-1].",
+        "all " + _ROWS + ", zero-length (aborted) rows included",
+        _DATA,
+    ),
+    (
+        "response_length_non_aborted/{length_stat}",
+        "Response length and clip ratio as response_length/*, without aborted rows.",
+        _NON_ABORTED,
+        _DATA,
+    ),
+    (
+        "response/aborted_ratio",
+        "Fraction of rows whose response length is 0 (aborted or empty generations).",
+        "all " + _ROWS,
+        _DATA,
+    ),
+    (
+        "prompt_length/{length_stat}",
+        "Prompt length from the prompt part of attention_mask; clip_ratio = fraction of rows whose length equals prompts.shape[-1].",
+        "all " + _ROWS,
+        _DATA,
+    ),
+    (
+        "num_turns/{stat}",
+        "Conversation turns per sample (__num_turns__), when the rollout is multi-turn.",
+        "all " + _ROWS,
+        _DATA,
+    ),
+    (
+        "tool_call_counts/{stat}",
+        "Tool calls per sample (tool_call_counts), when the rollout reports them.",
+        "all " + _ROWS,
+        _DATA,
+    ),
+    # --- timing and throughput ---
+    (
+        "timing_s/{stage}",
+        "Wall-clock seconds spent in the stage this step; repeated timers of one name accumulate. timing_s/step spans generation through the update.",
+        "none (a duration)",
+        "compute_timing_metrics",
+    ),
+    (
+        "timing_per_token_ms/{token_stage}",
+        "Milliseconds per token of the stage: 1000 · timing_s/<stage> / tokens; 0 when there are no tokens.",
+        "response tokens of every row for gen; prompt + response tokens (attention-mask counts) of every row for ref, values, adv, update_critic, update_actor",
+        "compute_timing_metrics",
+    ),
+    (
+        "perf/total_num_tokens",
+        "Prompt + response tokens processed this step: Σ meta_info['global_token_num'].",
+        "none (a sum over rows)",
+        "compute_throughput_metrics",
+    ),
+    (
+        "perf/time_per_step",
+        "Seconds of the whole step (timing_s/step).",
+        "none (a duration)",
+        "compute_throughput_metrics",
+    ),
+    (
+        "perf/throughput",
+        "Tokens per second per device: perf/total_num_tokens / (perf/time_per_step · n_gpus).",
+        "step seconds × number of devices",
+        "compute_throughput_metrics",
+    ),
+    (
+        "perf/mfu/{role}",
+        "Model FLOPs utilization of the actor update, critic update or actor log-prob inference: achieved FLOP/s ÷ the devices' peak FLOP/s.",
+        "peak FLOP/s of the devices used",
+        "actor/critic engines",
+    ),
+    # --- actor ---
+    (
+        "actor/pg_loss",
+        "Policy-gradient loss of the actor update under loss_agg_mode.",
+        "the loss_agg_mode denominators of the mini-batch (global token or sequence counts, all-reduced over DP), so micro-batch and DP splits do not change it; then averaged over mini-batches and PPO epochs",
+        "update_actor",
+    ),
+    (
+        "actor/pg_clipfrac",
+        "Fraction of response tokens whose ratio was clipped on the upper side (the clipped term was the larger loss).",
+        "response tokens of each micro-batch, averaged over micro-batches",
+        "update_actor",
+    ),
+    (
+        "actor/pg_clipfrac_lower",
+        "Fraction of response tokens hit by the dual-clip lower bound (advantage < 0, ratio > clip_ratio_c).",
+        "response tokens of each micro-batch, averaged over micro-batches",
+        "update_actor",
+    ),
+    (
+        "actor/ppo_kl",
+        "Mean approximate KL(old ‖ current) = mean(old_log_prob − log_prob) of the update.",
+        "response tokens of each micro-batch, averaged over micro-batches",
+        "update_actor",
+    ),
+    (
+        "actor/entropy",
+        "Mean token entropy of the current policy, measured in the old_log_prob pass.",
+        "the actor's loss_agg_mode over the whole batch's response tokens (dp = 1)",
+        "old_log_prob",
+    ),
+    (
+        "actor/entropy_loss",
+        "Entropy term of the actor loss (before entropy_coeff).",
+        "loss_agg_mode denominators, as actor/pg_loss",
+        "update_actor",
+    ),
+    (
+        "actor/kl_loss",
+        "KL(current ‖ ref) penalty in the actor loss (use_kl_loss), by kl_loss_type.",
+        "loss_agg_mode denominators, as actor/pg_loss",
+        "update_actor",
+    ),
+    (
+        "actor/kl_coef",
+        "kl_loss_coef multiplying actor/kl_loss.",
+        "none (a coefficient)",
+        "update_actor",
+    ),
+    (
+        "actor/grad_norm",
+        "Global L2 norm of the actor gradients before clipping.",
+        "none (a norm over all parameters)",
+        "update_actor",
+    ),
+    (
+        "actor/lr",
+        "Actor learning rate after the scheduler step.",
+        "none (a setting)",
+        "update_actor",
+    ),
+    (
+        "actor/reward_kl_penalty",
+        "KL(old ‖ ref) subtracted from the reward (use_kl_in_reward): per-row mean over response tokens, then mean over rows.",
+        "response tokens per row, then rows",
+        "advantage (apply_kl_penalty)",
+    ),
+    (
+        "actor/reward_kl_penalty_coeff",
+        "β, the KL-in-reward coefficient used this step (fixed or adaptive controller).",
+        "none (a coefficient)",
+        "advantage (apply_kl_penalty)",
+    ),
+    # --- critic ---
+    (
+        "critic/vf_loss",
+        "Clipped value loss 0.5 · max((V − R)², (clip(V) − R)²) under loss_agg_mode.",
+        "loss_agg_mode denominators, as actor/pg_loss",
+        "update_critic",
+    ),
+    (
+        "critic/vf_clipfrac",
+        "Fraction of response tokens where the clipped value error was the larger one.",
+        "response tokens of each micro-batch, averaged over micro-batches",
+        "update_critic",
+    ),
+    (
+        "critic/vpred_mean",
+        "Mean value prediction of the critic during its update.",
+        "response tokens of each micro-batch, averaged over micro-batches",
+        "update_critic",
+    ),
+    (
+        "critic/grad_norm",
+        "Global L2 norm of the critic gradients before clipping.",
+        "none (a norm over all parameters)",
+        "update_critic",
+    ),
+    (
+        "critic/lr",
+        "Critic learning rate after the scheduler step.",
+        "none (a setting)",
+        "update_critic",
+    ),
+    # --- balance, reward, training ---
+    (
+        "global_seqlen/{seqlen_stat}",
+        "Token load (attention-mask sums) per DP rank: min/max/minmax_diff over contiguous chunks in the original order, balanced_min/balanced_max over the balanced partitions, mean = total / dp size.",
+        "DP ranks (k partitions)",
+        "balance",
+    ),
+    (
+        "reward/error_count",
+        "Samples whose scorer raised this step (they get the defined fallback score).",
+        "none (a count of the step's samples)",
+        "reward",
+    ),
+    (
+        "reward/timeout_count",
+        "Samples whose scorer ran past its per-sample timeout.",
+        "none (a count of the step's samples)",
+        "reward",
+    ),
+    (
+        "reward/invalid_count",
+        "Samples whose scorer returned NaN or a non-numeric score.",
+        "none (a count of the step's samples)",
+        "reward",
+    ),
+    ("training/global_step", "The global step number (1-based).", "none (a counter)", "step flow"),
+    (
+        "training/epoch",
+        "The epoch this step's batch came from (0-based).",
+        "none (a counter)",
+        "step flow",
+    ),
+    # --- validation ---
+    (
+        "{section}/{data_source}/{var}/mean@{n}",
+        "Mean of the variable over a prompt's N validation samples; val-core for the core variable (acc, else reward) at the largest N.",
+        "N samples per prompt, " + _PER_UID,
+        _VAL,
+    ),
+    (
+        "{section}/{data_source}/{var}/std@{n}",
+        "Population std (numpy, ddof = 0) of the variable over a prompt's N samples, only for N > 1. Not GRPO's in-group std, which is the sample std (ddof = 1, singleton = 1).",
+        "N samples per prompt (divides by N, not N − 1), " + _PER_UID,
+        _VAL,
+    ),
+    (
+        "{section}/{data_source}/{var}/best@{k}/{mean_or_std}",
+        "Bootstrap best-of-k: max of k samples drawn with replacement from a prompt's N, over 1000 resamples (seed 42); mean or population std of those maxima.",
+        "1000 resamples per prompt, " + _PER_UID,
+        _VAL,
+    ),
+    (
+        "{section}/{data_source}/{var}/worst@{k}/{mean_or_std}",
+        "Bootstrap worst-of-k: min of k resampled values, over 1000 resamples (seed 42); mean or std.",
+        "1000 resamples per prompt, " + _PER_UID,
+        _VAL,
+    ),
+    (
+        "{section}/{data_source}/{var}/maj@{k}/{mean_or_std}",
+        "Bootstrap majority vote of k: the value of the most frequent `pred` in each resample (ties → the pred drawn first), over 1000 resamples (seed 42); only when `pred` is reported.",
+        "1000 resamples per prompt, " + _PER_UID,
+        _VAL,
+    ),
+    (
+        "val-aux/num_turns/{stat}",
+        "Conversation turns per validation sample.",
+        "all validation samples",
+        "split_val_core_aux",
+    ),
+]
+for _pattern, _what, _denominator, _source in _ENTRIES:
+    METRICS.add(_pattern, MetricDoc(_pattern, _what, _denominator, _source))
+_COMPILED = [(METRICS.get(pattern), METRICS.get(pattern).regex()) for pattern, *_ in _ENTRIES]
+
+
+def find_metric_doc(name: str) -> MetricDoc | None:
+    """The catalog entry of a concrete metric name, or None.
+
+    Entries without placeholders win; otherwise the first pattern (catalog order) that matches.
+    A sanitized MLflow name is restored first when it is not found as is.
+    """
+    for candidate in dict.fromkeys([name, restore_metric_name(name)]):
+        if candidate in METRICS:
+            return METRICS.get(candidate)
+        for doc, regex in _COMPILED:
+            if regex.fullmatch(candidate):
+                return doc
+    return None
+
+
+def describe_metric(name: str) -> str:
+    """One line: what ``name`` measures and its denominator; ``KeyError`` naming it if unknown.
+
+    Example:
+        >>> describe_metric("response_length/mean").split(". Denominator: ")[1]
+        'all real (non-padding) rows of the batch, zero-length (aborted) rows included.'
+        >>> "ddof = 0" in describe_metric("val-core/openai/gsm8k/acc/std@4")
+        True
+        >>> describe_metric("actor/no_such_metric")
+        Traceback (most recent call last):
+        ...
+        KeyError: "no description for metric 'actor/no_such_metric'; add a MetricDoc to stages/metrics/catalog.py"
+    """
+    doc = find_metric_doc(name)
+    if doc is None:
+        raise KeyError(
+            f"no description for metric {name!r}; add a MetricDoc to stages/metrics/catalog.py"
+        )
+    return doc.description()
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown_table() -> str:
+    """The catalog as a Markdown table (Metric | Measures | Denominator | Emitted by).
+
+    Example:
+        >>> markdown_table().splitlines()[0]
+        '| Metric | Measures | Denominator | Emitted by |'
+    """
+    lines = ["| Metric | Measures | Denominator | Emitted by |", "|---|---|---|---|"]
+    for pattern, *_ in _ENTRIES:
+        doc = METRICS.get(pattern)
+        cells = [f"`{doc.pattern}`", doc.what, doc.denominator, doc.emitted_by]
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    return "\n".join(lines)
