@@ -1,0 +1,224 @@
+"""Cross-field rules of the run config, all in one place.
+
+Each rule returns messages that start with the dotted key(s) at fault, give the values received
+and say how to fix them. ``cross_field_problems`` (errors) runs on the filled config inside
+``PPORunConfig``'s validation; ``cross_field_warnings`` lists legal but suspicious settings.
+
+What "token-mean across DP" means here: verl 0.9.1's ``agg_loss`` refuses ``token-mean`` (and the
+``seq-mean-*`` modes) on more than one DP rank unless the global token / sequence counts are
+passed. ppoflow's engines always pass them (Σ response_mask over the global mini-batch, and
+``ppo_mini_batch_size × rollout.n``), so every ``loss_agg_mode`` is valid at any DP size and no
+combination is rejected for it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from stages.config.derived import is_critic_used
+from stages.config.schema_algorithm import GROUP_ESTIMATORS
+
+if TYPE_CHECKING:
+    from stages.config.root import PPORunConfig
+
+ARR = "actor_rollout_ref"
+DP = "trainer.n_gpus_per_node × trainer.nnodes"
+
+
+def cross_field_problems(cfg: PPORunConfig) -> list[str]:
+    """Every violated cross-field rule of a filled config (empty when the config is valid)."""
+    return [
+        *_batch_problems(cfg, "actor"),
+        *(_batch_problems(cfg, "critic") if is_critic_used(cfg) else []),
+        *_algorithm_problems(cfg),
+        *_loss_problems(cfg),
+        *_engine_problems(cfg),
+        *_trainer_problems(cfg),
+    ]
+
+
+def _batch_problems(cfg: PPORunConfig, role: str) -> list[str]:
+    """train_batch_size × n vs DP size and mini-batch; mini ≤ train batch; micro divides mini."""
+    section = cfg.actor_rollout_ref.actor if role == "actor" else cfg.critic
+    key = f"{ARR}.actor" if role == "actor" else "critic"
+    n, train = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
+    mini = section.ppo_mini_batch_size
+    dp = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    problems = []
+    if role == "actor" and (train * n) % dp:
+        problems.append(
+            f"data.train_batch_size × {ARR}.rollout.n = {train} × {n} = {train * n} sequences is "
+            f"not divisible by the DP size {DP} = {dp}; make the product a multiple of {dp}"
+        )
+    if mini > train:
+        problems.append(
+            f"{key}.ppo_mini_batch_size = {mini} is larger than data.train_batch_size = {train}; "
+            f"it must be ≤ the training batch (both in prompts)"
+        )
+    elif train % mini:
+        problems.append(
+            f"data.train_batch_size = {train} is not divisible by {key}.ppo_mini_batch_size = "
+            f"{mini}; each step's batch must split into whole mini-batches"
+        )
+    if (mini * n) % dp:
+        problems.append(
+            f"{key}.ppo_mini_batch_size × {ARR}.rollout.n = {mini} × {n} = {mini * n} sequences "
+            f"is not divisible by the DP size {DP} = {dp}"
+        )
+    elif not section.use_dynamic_bsz and (mini * n // dp) % section.ppo_micro_batch_size_per_gpu:
+        problems.append(
+            f"{key}.ppo_micro_batch_size_per_gpu = {section.ppo_micro_batch_size_per_gpu} does not "
+            f"divide the per-rank mini-batch {key}.ppo_mini_batch_size × n / DP = {mini} × {n} / "
+            f"{dp} = {mini * n // dp} sequences"
+        )
+    return problems
+
+
+def _algorithm_problems(cfg: PPORunConfig) -> list[str]:
+    """Estimator needs (critic, sampling, group size) and KL controller settings."""
+    algo, rollout = cfg.algorithm, cfg.actor_rollout_ref.rollout
+    problems = []
+    if algo.adv_estimator == "gae" and cfg.critic.enable is False:
+        problems.append(
+            "critic.enable = false but algorithm.adv_estimator = 'gae' needs a critic's values; "
+            "enable the critic (or leave it null) or pick a critic-free estimator such as grpo"
+        )
+    if algo.adv_estimator == "remax" and not rollout.do_sample:
+        problems.append(
+            f"{ARR}.rollout.do_sample = false but algorithm.adv_estimator = 'remax' compares "
+            "sampled responses with a greedy baseline; set do_sample = true"
+        )
+    if algo.adv_estimator == "grpo_passk" and rollout.n < 2:
+        problems.append(
+            f"{ARR}.rollout.n = {rollout.n} but algorithm.adv_estimator = 'grpo_passk' needs "
+            "groups of at least 2 samples; set n ≥ 2"
+        )
+    ctrl = algo.kl_ctrl
+    if ctrl.type == "adaptive" and ctrl.horizon <= 0:
+        problems.append(
+            f"algorithm.kl_ctrl.horizon = {ctrl.horizon} but the adaptive controller needs > 0"
+        )
+    if ctrl.type == "adaptive" and ctrl.target_kl <= 0:
+        problems.append(
+            f"algorithm.kl_ctrl.target_kl = {ctrl.target_kl} but the adaptive controller needs > 0"
+        )
+    if algo.rollout_correction.bypass_mode and not rollout.calculate_log_probs:
+        problems.append(
+            "algorithm.rollout_correction.bypass_mode = true uses rollout_log_probs as "
+            f"old_log_probs, but {ARR}.rollout.calculate_log_probs = false; set it to true"
+        )
+    return problems
+
+
+def _loss_problems(cfg: PPORunConfig) -> list[str]:
+    """loss_scale_factor only with seq-mean-token-sum-norm; clip_cov window ordered."""
+    problems = []
+    for key, section in ((f"{ARR}.actor", cfg.actor_rollout_ref.actor), ("critic", cfg.critic)):
+        if (
+            section.loss_scale_factor is not None
+            and section.loss_agg_mode != "seq-mean-token-sum-norm"
+        ):
+            problems.append(
+                f"{key}.loss_scale_factor = {section.loss_scale_factor} has no effect with "
+                f"{key}.loss_agg_mode = {section.loss_agg_mode!r}; it only applies to "
+                "'seq-mean-token-sum-norm' (set it to null or change the mode)"
+            )
+    pl = cfg.actor_rollout_ref.actor.policy_loss
+    if pl.clip_cov_lb >= pl.clip_cov_ub:
+        problems.append(
+            f"{ARR}.actor.policy_loss.clip_cov_lb = {pl.clip_cov_lb} must be < clip_cov_ub = "
+            f"{pl.clip_cov_ub}"
+        )
+    return problems
+
+
+def _engine_problems(cfg: PPORunConfig) -> list[str]:
+    """ZeRO offload needs, rollout parallelism, reward model path, dynamic-batch token budgets."""
+    arr, problems = cfg.actor_rollout_ref, []
+    offloads = (  # (key, zero_stage, param_offload, optimizer_offload)
+        (f"{ARR}.actor", arr.actor.zero_stage, arr.actor.param_offload, arr.actor.optimizer_offload),
+        (f"{ARR}.ref", arr.ref.zero_stage, arr.ref.param_offload, False),  # no optimizer
+        ("critic", cfg.critic.zero_stage, cfg.critic.param_offload, cfg.critic.optimizer_offload),
+    )  # fmt: skip
+    for key, zero_stage, param_offload, optimizer_offload in offloads:
+        if param_offload and zero_stage != 3:
+            problems.append(
+                f"{key}.param_offload = true needs {key}.zero_stage = 3 (got {zero_stage})"
+            )
+        if optimizer_offload and zero_stage == 0:
+            problems.append(f"{key}.optimizer_offload = true needs {key}.zero_stage ≥ 1 (got 0)")
+    tp, devices = (
+        arr.rollout.tensor_model_parallel_size,
+        cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes,
+    )
+    if arr.rollout.name == "hf" and tp != 1:
+        problems.append(
+            f"{ARR}.rollout.tensor_model_parallel_size = {tp} but rollout.name = 'hf' has no "
+            "tensor parallelism; set it to 1"
+        )
+    elif devices % tp:
+        problems.append(
+            f"{ARR}.rollout.tensor_model_parallel_size = {tp} does not divide the {devices} "
+            f"devices ({DP})"
+        )
+    rm = cfg.reward.reward_model
+    if rm.enable and rm.model_path is None:
+        problems.append("reward.reward_model.enable = true needs reward.reward_model.model_path")
+    return problems + _token_budget_problems(cfg)
+
+
+def _token_budget_problems(cfg: PPORunConfig) -> list[str]:
+    """With dynamic batching, one full-length sequence must fit in a micro-batch's token budget."""
+    arr, problems = cfg.actor_rollout_ref, []
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    budgets = (
+        (f"{ARR}.actor.ppo_max_token_len_per_gpu", arr.actor.use_dynamic_bsz, arr.actor.ppo_max_token_len_per_gpu),
+        ("critic.ppo_max_token_len_per_gpu", cfg.critic.use_dynamic_bsz, cfg.critic.ppo_max_token_len_per_gpu),
+        (f"{ARR}.rollout.log_prob_max_token_len_per_gpu", arr.rollout.log_prob_use_dynamic_bsz, arr.rollout.log_prob_max_token_len_per_gpu),
+        (f"{ARR}.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_use_dynamic_bsz, arr.ref.log_prob_max_token_len_per_gpu),
+    )  # fmt: skip
+    for key, dynamic, budget in budgets:
+        if dynamic and budget < longest:
+            problems.append(
+                f"{key} = {budget} tokens is less than one full sequence, data.max_prompt_length + "
+                f"data.max_response_length = {longest}; raise it to ≥ {longest}"
+            )
+    return problems
+
+
+def _trainer_problems(cfg: PPORunConfig) -> list[str]:
+    """Resume settings agree with each other."""
+    tr, problems = cfg.trainer, []
+    if tr.resume_mode == "resume_path":
+        if tr.resume_from_path is None:
+            problems.append(
+                "trainer.resume_mode = 'resume_path' needs trainer.resume_from_path (…/global_step_N)"
+            )
+        elif "global_step_" not in tr.resume_from_path:
+            problems.append(
+                f"trainer.resume_from_path = {tr.resume_from_path!r} must name a checkpoint "
+                "folder …/global_step_N (the step is read from it)"
+            )
+    elif tr.resume_from_path is not None:
+        problems.append(
+            f"trainer.resume_from_path = {tr.resume_from_path!r} is ignored unless "
+            f"trainer.resume_mode = 'resume_path' (got {tr.resume_mode!r})"
+        )
+    return problems
+
+
+def cross_field_warnings(cfg: PPORunConfig) -> list[str]:
+    """Legal settings that are probably a mistake (verl accepts them silently)."""
+    algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
+    warnings = []
+    if algo.adv_estimator in GROUP_ESTIMATORS and algo.adv_estimator != "grpo_passk" and n == 1:
+        warnings.append(
+            f"algorithm.adv_estimator = {algo.adv_estimator!r} with {ARR}.rollout.n = 1: every "
+            "group is a singleton, so the group baseline is not used; set n > 1"
+        )
+    if cfg.critic.enable and algo.adv_estimator != "gae":
+        warnings.append(
+            f"critic.enable = true with algorithm.adv_estimator = {algo.adv_estimator!r}: the "
+            "critic is trained but its values do not enter the advantages"
+        )
+    return warnings

@@ -1,0 +1,127 @@
+"""``PPORunConfig``: the whole run config, composed of one model per area.
+
+Validation order: legacy aliases are moved (``aliases``), every area validates its own fields,
+then the "null = inherit" fields are filled (``derived.fill_inherited``) and the cross-field rules
+run on the filled config (``checks``). Derived flags and sizes are read from ``cfg.derived``.
+
+Build one with :func:`stages.config.load_config` / :func:`stages.config.validate_config`, which
+turn pydantic's errors into one readable :class:`stages.config.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field, PrivateAttr, model_validator
+from pydantic_core import PydanticCustomError
+
+from stages.config._base import ConfigModel
+from stages.config.aliases import move_legacy_keys
+from stages.config.checks import cross_field_problems, cross_field_warnings
+from stages.config.derived import DerivedConfig, compute_derived, fill_inherited
+from stages.config.schema_actor import ActorRolloutRefConfig
+from stages.config.schema_algorithm import AlgorithmConfig
+from stages.config.schema_critic import CriticConfig
+from stages.config.schema_data import DataConfig
+from stages.config.schema_reward import RewardConfig
+from stages.config.schema_trainer import PPOFlowConfig, TrainerConfig
+
+CROSS_FIELD_ERROR = "cross_field"
+
+
+class ConfigWarning(UserWarning):
+    """A legal config setting that is probably a mistake (e.g. GRPO with rollout.n = 1)."""
+
+
+class PPORunConfig(ConfigModel):
+    """One PPO-family training run: verl's areas plus ``ppoflow``'s own."""
+
+    data: DataConfig = Field(
+        default_factory=DataConfig, description="Datasets and batching (section)"
+    )
+    actor_rollout_ref: ActorRolloutRefConfig = Field(
+        default_factory=ActorRolloutRefConfig,
+        description="Policy model: actor update, rollout, reference (section)",
+    )
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (section)")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Scoring (section)")
+    algorithm: AlgorithmConfig = Field(
+        default_factory=AlgorithmConfig, description="Advantage estimator and KL penalty (section)"
+    )
+    trainer: TrainerConfig = Field(
+        default_factory=TrainerConfig, description="Run length, cadence, devices, logging (section)"
+    )
+    ppoflow: PPOFlowConfig = Field(
+        default_factory=PPOFlowConfig,
+        description="Artifacts, caching, tracking, workers [ppoflow-only] (section)",
+    )
+    # The input mapping this config was validated from (before filling), so overrides applied
+    # later re-resolve the inherited keys instead of keeping stale copies.
+    _source: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _resolve_and_check(cls, data: Any, handler: Any) -> PPORunConfig:
+        """Move aliases, validate fields, fill inherited keys, then run the cross-field rules."""
+        if isinstance(data, PPORunConfig):
+            return data
+        data = move_legacy_keys(data)
+        cfg = handler(data)  # `self` when called from __init__, so it is completed in place:
+        # the filled sections are fresh copies and `cfg` is new, so no shared default is touched.
+        cfg.__dict__.update(fill_inherited(cfg).__dict__)
+        problems = cross_field_problems(cfg)
+        if problems:
+            raise PydanticCustomError(
+                CROSS_FIELD_ERROR, "{problems}", {"problems": "\n".join(problems)}
+            )
+        for message in cross_field_warnings(cfg):
+            warnings.warn(message, ConfigWarning, stacklevel=2)
+        cfg._source = copy.deepcopy(dict(data)) if isinstance(data, Mapping) else {}
+        return cfg
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every resolved value is equal (how each config was written is ignored)."""
+        if not isinstance(other, PPORunConfig):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # lists inside: not hashable
+
+    @property
+    def derived(self) -> DerivedConfig:
+        """use_critic, use_reference_policy, use_rm, dp_size and the batch sizes in sequences."""
+        return compute_derived(self)
+
+    @property
+    def source(self) -> dict[str, Any]:
+        """A copy of the mapping this config was validated from (its explicit settings)."""
+        return copy.deepcopy(self._source)
+
+    def steps_per_epoch(self, train_dataset_len: int) -> int:
+        """Training steps in one epoch: ``len // data.train_batch_size`` (the loader drops the last
+        partial batch, as verl's does).
+
+        >>> PPORunConfig().steps_per_epoch(2500)
+        2
+        """
+        steps = train_dataset_len // self.data.train_batch_size
+        if steps < 1:
+            raise ValueError(
+                f"the training set has {train_dataset_len} rows, fewer than one batch of "
+                f"data.train_batch_size = {self.data.train_batch_size}; lower the batch size or add data"
+            )
+        return steps
+
+    def resolve_total_training_steps(self, train_dataset_len: int) -> int:
+        """trainer.total_training_steps if set, else steps_per_epoch × trainer.total_epochs
+        (verl's rule; this is also the length of the learning-rate schedules).
+
+        >>> PPORunConfig().resolve_total_training_steps(2500)
+        60
+        """
+        if self.trainer.total_training_steps is not None:
+            return self.trainer.total_training_steps
+        return self.steps_per_epoch(train_dataset_len) * self.trainer.total_epochs

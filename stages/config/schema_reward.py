@@ -1,0 +1,61 @@
+"""``reward.*``: how responses are scored (verl 0.9.1's layout).
+
+The rule-based route scores each sample in a worker pool; the model route runs a batch reward
+model. verl's older top-level ``reward_model`` / ``custom_reward_function`` blocks are accepted as
+aliases and moved here (``stages.config.aliases``).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from stages.config._base import ConfigModel
+
+
+class CustomRewardFunctionConfig(ConfigModel):
+    """A user scoring function loaded from a Python file (verl's ``compute_score`` signature)."""
+
+    path: str | None = Field(
+        None, description="Python file defining the function; null = the built-in scorers (path)"
+    )
+    name: str = Field("compute_score", description="Function name inside that file (name)")
+
+
+class RewardModelConfig(ConfigModel):
+    """A batch reward model that writes rm_scores (route B)."""
+
+    enable: bool = Field(False, description="Score with a reward model (bool)")
+    model_path: str | None = Field(
+        None, description="Reward model directory or hub id; required when enabled (path)"
+    )
+    trust_remote_code: bool = Field(False, description="Allow the model's own code (bool)")
+    micro_batch_size_per_gpu: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences per reward-model forward pass; null = one chunk per worker [ppoflow-only] (sequences)",
+    )
+
+
+class RewardConfig(ConfigModel):
+    """Scoring: worker pool, per-sample timeout, error score, custom function, reward model."""
+
+    num_workers: int = Field(
+        8,
+        ge=1,
+        description="Concurrent reward workers; batches are padded to a multiple of it (workers)",
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Per-sample scoring timeout; a sample past it gets error_score [ppoflow-only] (seconds)",
+    )
+    error_score: float = Field(
+        0.0,
+        description="Score of a sample whose scorer raised, timed out or returned NaN; counted in a metric [ppoflow-only] (reward)",
+    )
+    custom_reward_function: CustomRewardFunctionConfig = Field(
+        default_factory=CustomRewardFunctionConfig, description="User scoring function (section)"
+    )
+    reward_model: RewardModelConfig = Field(
+        default_factory=RewardModelConfig, description="Batch reward model (section)"
+    )

@@ -1,0 +1,123 @@
+"""``trainer.*`` (verl's keys) and ``ppoflow.*`` (settings verl has no counterpart for)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from stages.config._base import ConfigModel
+
+
+class TrainerConfig(ConfigModel):
+    """The run: length, validation and checkpoint cadence, resume, devices, logging."""
+
+    project_name: str = Field(
+        "ppoflow",
+        description="Project (MLflow experiment) name [ppoflow: verl uses verl_examples] (name)",
+    )
+    experiment_name: str = Field(
+        "default", description="Run name inside the project [ppoflow: verl uses gsm8k] (name)"
+    )
+    total_epochs: int = Field(30, ge=1, description="Passes over the training set (epochs)")
+    total_training_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Stop after this many steps; null = steps per epoch × total_epochs (steps)",
+    )
+    test_freq: int = Field(
+        -1,
+        ge=-1,
+        description="Validate every this many steps and at the last step; ≤ 0 = never (steps)",
+    )
+    save_freq: int = Field(
+        -1,
+        ge=-1,
+        description="Checkpoint every this many steps and at the last step; ≤ 0 = never (steps)",
+    )
+    val_before_train: bool = Field(True, description="Validate once before the first step (bool)")
+    val_only: bool = Field(False, description="Validate once and stop (bool)")
+    critic_warmup: int = Field(
+        0,
+        ge=0,
+        description="Steps that train only the critic before the actor updates start (steps)",
+    )
+    balance_batch: bool = Field(
+        True, description="Reorder rows so DP ranks get similar token workloads (bool)"
+    )
+    log_val_generations: int = Field(
+        0, ge=0, description="Validation samples logged as a table each validation (samples)"
+    )
+    rollout_data_dir: str | None = Field(
+        None, description="Dump each step's generations as JSONL here; null = off (path)"
+    )
+    validation_data_dir: str | None = Field(
+        None, description="Dump validation generations as JSONL here; null = off (path)"
+    )
+    resume_mode: Literal["disable", "auto", "resume_path"] = Field(
+        "auto",
+        description="disable: start fresh; auto: latest checkpoint in default_local_dir if any; resume_path: resume_from_path (choice)",
+    )
+    resume_from_path: str | None = Field(
+        None,
+        description="Checkpoint folder (…/global_step_N) to resume from; only with resume_mode resume_path (path)",
+    )
+    default_local_dir: str | None = Field(
+        None,
+        description="Checkpoint root; null = checkpoints/<project_name>/<experiment_name> (path)",
+    )
+    max_actor_ckpt_to_keep: int | None = Field(
+        None,
+        ge=1,
+        description="Keep only the newest this many actor checkpoints; null = all (checkpoints)",
+    )
+    max_critic_ckpt_to_keep: int | None = Field(
+        None,
+        ge=1,
+        description="Keep only the newest this many critic checkpoints; null = all (checkpoints)",
+    )
+    n_gpus_per_node: int = Field(
+        8, ge=1, description="Ranks per node, one device each (on CPU: processes) (ranks)"
+    )
+    nnodes: int = Field(1, ge=1, description="Nodes; DP size = n_gpus_per_node × nnodes (nodes)")
+    device: Literal["cpu", "cuda"] = Field("cuda", description="Device type of every rank (choice)")
+    logger: list[Literal["console", "mlflow"]] = Field(
+        ["console", "mlflow"],
+        description="Metric sinks [ppoflow: MLflow instead of verl's wandb] (names)",
+    )
+    seed: int = Field(
+        42,
+        description="Global seed of Python/NumPy/torch RNGs and of data.seed when null [ppoflow-only] (seed)",
+    )
+
+    @field_validator("logger", mode="before")
+    @classmethod
+    def _one_logger_is_a_list(cls, value: object) -> object:
+        """Accept ``logger: console`` as verl does."""
+        return [value] if isinstance(value, str) else value
+
+
+class WorkersConfig(ConfigModel):
+    """Where the engine ranks run."""
+
+    backend: Literal["local", "ray"] = Field(
+        "local", description="local: ranks in this process (one rank); ray: Ray actors (choice)"
+    )
+
+
+class PPOFlowConfig(ConfigModel):
+    """[ppoflow-only] Artifacts, caching, tracking and worker placement."""
+
+    artifact_dir: str = Field(
+        "runs",
+        description="Root of the run directories (stage artifacts); a local path or fsspec URL (path)",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; null = a SQLite file inside the run directory (URI)"
+    )
+    cache: bool = Field(
+        True, description="Reuse a stage's stored output when its cache key matches (bool)"
+    )
+    workers: WorkersConfig = Field(
+        default_factory=WorkersConfig, description="Engine rank placement (section)"
+    )
