@@ -20,8 +20,11 @@ TOKEN_LEVEL_SCORES = "token_level_scores"  # (B, R) float32: rm_scores as the re
 TOKEN_LEVEL_REWARDS = "token_level_rewards"  # (B, R) float32: scores minus the KL-in-reward term
 ADVANTAGES = "advantages"  # (B, R) float32
 RETURNS = "returns"  # (B, R) float32
+SEQ_SCORES = "seq_scores"  # (B,) float32: each row's scalar score, aborted rows included
 REWARD_BASELINES = "reward_baselines"  # (B,) float32: ReMax greedy-sample reward
 ENTROPYS = "entropys"  # (B, R) float32: per-token entropy (dropped after old_log_prob)
+PROMPT_LENGTH = "prompt_length"  # (B,) int64, optional: precomputed valid prompt lengths
+RESPONSE_LENGTH = "response_length"  # (B,) int64, optional: precomputed valid response lengths
 
 # --- non-tensor layer (numpy, dim 0 = rows) ---
 UID = "uid"  # (B,) object str: the prompt group
@@ -31,6 +34,8 @@ EXTRA_INFO = "extra_info"  # (B,) object dict
 RAW_PROMPT = "raw_prompt"  # (B,) object list[dict]: chat messages
 ABILITY = "ability"  # (B,) object str
 NUM_TURNS = "__num_turns__"  # (B,) int
+TOOL_CALL_COUNTS = "tool_call_counts"  # (B,) int
+IS_PAD = "is_pad"  # (B,) bool: True on rows duplicated by pad_dataproto_to_divisor; metrics exclude them
 
 # --- meta_info (per step) ---
 TEMPERATURE = "temperature"  # float

@@ -1,0 +1,113 @@
+"""Where an artifact's files live: a local directory or an fsspec filesystem (``memory://``, ``s3://``).
+
+The one place that knows the difference: local paths use ``os`` (so tensors can be memory-mapped
+and a directory rename is atomic), every other URL uses the fsspec filesystem API. The commit
+protocol and what atomicity each side gives are described in ``dataproto/artifact.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from dataproto.fingerprint import sha256_stream
+
+MANIFEST = "manifest.json"
+
+
+class Store:
+    """One artifact directory on a local disk or an fsspec filesystem."""
+
+    def __init__(self, url: str) -> None:
+        self.url = str(url)
+        self.fs, root = fsspec.core.url_to_fs(self.url)
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.root = os.path.abspath(root) if self.is_local else root.rstrip("/")
+
+    def path(self, name: str, root: str | None = None) -> str:
+        """The filesystem path of ``name`` inside the artifact (or inside ``root``)."""
+        return f"{root or self.root}/{name}"
+
+    def ref_path(self) -> str:
+        """The artifact's location for an ArtifactRef: absolute for plain local paths, else the URL."""
+        return self.root if self.is_local and "://" not in self.url else self.url
+
+    def where(self, name: str) -> str:
+        """``name`` as a user-facing location for messages (with the URL scheme when remote)."""
+        return self.path(name) if self.is_local else f"{self.url.rstrip('/')}/{name}"
+
+    def exists(self, root: str | None = None) -> bool:
+        return (
+            os.path.exists(root or self.root)
+            if self.is_local
+            else self.fs.exists(root or self.root)
+        )
+
+    def size(self, name: str) -> int | None:
+        target = self.path(name)
+        if self.is_local:
+            return os.path.getsize(target) if os.path.isfile(target) else None
+        return self.fs.size(target) if self.fs.isfile(target) else None
+
+    def read(self, name: str) -> bytes:
+        if self.is_local:
+            with open(self.path(name), "rb") as handle:
+                return handle.read()
+        return self.fs.cat_file(self.path(name))
+
+    def hash_file(self, name: str) -> tuple[str, int]:
+        with (open if self.is_local else self.fs.open)(self.path(name), "rb") as handle:
+            return sha256_stream(handle)
+
+    def temp_root(self) -> str:
+        parent, base = self.root.rsplit("/", 1) if "/" in self.root else ("", self.root)
+        return f"{parent}/.{base}.tmp-{uuid.uuid4().hex[:12]}"
+
+    def open_write(self, root: str, name: str):
+        if self.is_local:
+            return open(self.path(name, root), "wb")
+        return self.fs.open(self.path(name, root), "wb")
+
+    def make_dir(self, root: str) -> None:
+        if self.is_local:
+            os.makedirs(root)
+        else:
+            self.fs.makedirs(root, exist_ok=True)
+
+    def remove(self, root: str) -> None:
+        if self.is_local:
+            shutil.rmtree(root, ignore_errors=False)
+        elif self.fs.exists(root):
+            self.fs.rm(root, recursive=True)
+
+    def commit(self, temp: str, names: list[str], overwrite: bool) -> None:
+        """Move the finished temp dir under the final name (module docstring: atomicity)."""
+        if self.is_local:
+            os.makedirs(os.path.dirname(self.root), exist_ok=True)
+            aside = None
+            if os.path.exists(self.root) and overwrite:
+                aside = f"{self.temp_root()}-old"
+                os.rename(self.root, aside)
+            try:
+                os.rename(temp, self.root)
+            except OSError:
+                if aside is not None:
+                    os.rename(aside, self.root)
+                raise
+            if aside is not None:  # the new artifact is in place; a leftover old copy is harmless
+                shutil.rmtree(aside, ignore_errors=True)
+            return
+        if overwrite and self.fs.exists(self.root):
+            if self.fs.exists(
+                self.path(MANIFEST)
+            ):  # manifest first: never a manifest without files
+                self.fs.rm(self.path(MANIFEST))
+            self.fs.rm(self.root, recursive=True)
+        self.fs.makedirs(self.root, exist_ok=True)
+        for name in [*names, MANIFEST]:
+            self.fs.mv(self.path(name, temp), self.path(name))
+        self.remove(temp)

@@ -1,0 +1,107 @@
+"""Artifact commands: ``ppoflow inspect``, ``ppoflow ledger`` and ``ppoflow make-sample-batch``."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from dataproto.artifact import ArtifactError, save_artifact
+from dataproto.ledger import ledger_from_params
+from dataproto.report import describe_artifact
+from dataproto.sample_batch import make_sample_batch
+
+
+class VerifyMode(StrEnum):
+    full = "full"
+    lazy = "lazy"
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def inspect(
+    path: Annotated[str, typer.Argument(help="Artifact directory or fsspec URL.")],
+    verify: Annotated[
+        VerifyMode,
+        typer.Option(help="full: hash every file first; lazy: sizes, headers and small files."),
+    ] = VerifyMode.full,
+) -> None:
+    """Print an artifact's manifest, schema, per-key statistics and token ledger."""
+    try:
+        typer.echo(describe_artifact(path, verify=verify.value))
+    except ArtifactError as err:
+        raise _fail(str(err)) from None
+
+
+def parse_lengths(text: str) -> list[int]:
+    """``"3,0,5"`` → ``[3, 0, 5]``; a bad item is a ValueError naming it."""
+    out = []
+    for i, item in enumerate(text.split(",")):
+        try:
+            out.append(int(item.strip()))
+        except ValueError:
+            raise ValueError(
+                f"--lengths item {i} is {item.strip()!r}, expected an integer"
+            ) from None
+    return out
+
+
+def ledger(
+    batch: Annotated[int, typer.Option("--batch", "-b", help="B: prompts per step.")],
+    n: Annotated[int, typer.Option("--n", "-n", help="n: samples per prompt (rollout.n).")],
+    prompt_len: Annotated[int, typer.Option(help="P: prompt length in tokens.")],
+    response_len: Annotated[int, typer.Option(help="R: response width in tokens.")],
+    lengths: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated valid response lengths L_i, B·n of them (default: all R)."
+        ),
+    ] = None,
+    dp_size: Annotated[int, typer.Option(help="Data-parallel ranks, for the per-rank note.")] = 1,
+) -> None:
+    """Print the token ledger of a rollout batch: rows, valid tokens, reward positions, weights."""
+    try:
+        parsed = None if lengths is None else parse_lengths(lengths)
+        result = ledger_from_params(batch, n, prompt_len, response_len, parsed, dp_size=dp_size)
+    except ValueError as err:
+        raise _fail(str(err), code=2) from None
+    typer.echo(result.format())
+
+
+def make_sample_batch_command(
+    path: Annotated[str, typer.Argument(help="Where to write the artifact (dir or fsspec URL).")],
+    batch: Annotated[int, typer.Option("--batch", "-b", help="B: prompts.")] = 4,
+    n: Annotated[int, typer.Option("--n", "-n", help="n: samples per prompt.")] = 2,
+    prompt_len: Annotated[int, typer.Option(help="P: prompt width.")] = 16,
+    response_len: Annotated[int, typer.Option(help="R: response width.")] = 32,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing artifact.")] = False,
+) -> None:
+    """Write a synthetic rollout batch artifact (left-padded prompts, right-padded responses,
+    some aborted rows, rm_scores at L_i − 1, uid / data_source / reward_model columns)."""
+    try:
+        data = make_sample_batch(batch, n, prompt_len, response_len, seed=seed)
+        ref = save_artifact(
+            data,
+            path,
+            stage="sample",
+            config={"batch": batch, "n": n, "prompt_len": prompt_len, "response_len": response_len},
+            extra={"seed": seed, "synthetic": True},
+            overwrite=overwrite,
+        )
+    except ValueError as err:  # ArtifactError is a ValueError
+        raise _fail(str(err)) from None
+    typer.echo(f"wrote {ref.rows} rows ({ref.nbytes} bytes) to {ref.path}")
+    typer.echo(f"fingerprint {ref.fingerprint}")
+    typer.echo(f"next: ppoflow inspect {ref.path}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the `ppoflow` app."""
+    app.command("inspect")(inspect)
+    app.command("ledger")(ledger)
+    app.command("make-sample-batch")(make_sample_batch_command)
