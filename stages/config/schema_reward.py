@@ -7,6 +7,8 @@ aliases and moved here (``stages.config.aliases``).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from stages.config._base import ConfigModel
@@ -33,6 +35,10 @@ class RewardModelConfig(ConfigModel):
         None,
         ge=1,
         description="Sequences per reward-model forward pass; null = one chunk per worker [ppoflow-only] (sequences)",
+    )
+    combine: Literal["replace", "sum"] = Field(
+        "replace",
+        description="With the reward model on: replace = its score only as in verl, sum = plus the per-sample scorer's [ppoflow-only] (replace|sum)",
     )
 
 

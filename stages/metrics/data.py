@@ -38,13 +38,11 @@ from stages.algos.masked import masked_sum
 if TYPE_CHECKING:
     from dataproto.protocol import DataProto
 
-#: (B,) bool, tensor or non-tensor layer: True on rows duplicated to pad the batch to a divisor.
-IS_PAD = "is_pad"
-#: (B,) int, non-tensor layer: tool calls made per sample (multi-turn agent loop).
-TOOL_CALL_COUNTS = "tool_call_counts"
-#: (B,) optional precomputed lengths that replace the attention-mask slices (verl's names).
-PROMPT_LENGTH = "prompt_length"
-RESPONSE_LENGTH = "response_length"
+IS_PAD = keys.IS_PAD
+TOOL_CALL_COUNTS = keys.TOOL_CALL_COUNTS
+#: optional precomputed lengths that replace the attention-mask slices (verl's names)
+PROMPT_LENGTH = keys.PROMPT_LENGTH
+RESPONSE_LENGTH = keys.RESPONSE_LENGTH
 #: the 1e-5 verl adds to var(returns) in the explained-variance denominator
 EXPLAINED_VAR_EPS = 1e-5
 

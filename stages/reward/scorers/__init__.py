@@ -1,0 +1,1 @@
+"""Rule-based scorers (gsm8k, MATH) and the data_source router."""

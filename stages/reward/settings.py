@@ -1,0 +1,92 @@
+"""The reward settings the reward code reads, and the one adapter from the run config.
+
+Everything in ``stages.reward`` takes a :class:`RewardSettings` (or plain parameters), never the
+run config, so :func:`settings_from_config` is the only place that knows the config's layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: how the reward model's score and the rule-based score combine when both run
+Combine = Literal["replace", "sum"]
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    """Reward settings (the ``reward`` config section).
+
+    num_workers: scorer processes of the reward loop, and the divisor the reward model pads to.
+    timeout_s: per-sample scoring time limit in seconds (None: unbounded).
+    error_score: the score of a sample whose scorer raised, timed out or returned a non-number.
+    max_concurrent: ``async def`` scorers: samples awaited at once.
+    custom_path / custom_name: a custom scorer file and function (None: route by data_source).
+    scorer_kwargs: extra keyword arguments passed to every scorer call.
+    reward_model_enable / reward_model_path: route B, a sequence-classification reward model.
+    reward_model_micro_batch: sequences per reward-model forward (None: one chunk per worker).
+    reward_model_trust_remote_code: let the reward model run its own modelling code.
+    combine: with the reward model enabled, ``replace`` uses its score alone (verl); ``sum`` adds
+        the rule-based (loop) score to it.
+    """
+
+    num_workers: int = 8
+    timeout_s: float | None = 60.0
+    error_score: float = 0.0
+    max_concurrent: int = 64
+    custom_path: str | None = None
+    custom_name: str = "compute_score"
+    scorer_kwargs: dict[str, Any] = field(default_factory=dict)
+    reward_model_enable: bool = False
+    reward_model_path: str | None = None
+    reward_model_micro_batch: int | None = None
+    reward_model_trust_remote_code: bool = False
+    combine: Combine = "replace"
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"reward.num_workers must be >= 1, got {self.num_workers}")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ValueError(f"reward.timeout_s must be > 0 seconds or None, got {self.timeout_s}")
+        if self.combine not in ("replace", "sum"):
+            raise ValueError(f"reward combine must be 'replace' or 'sum', got {self.combine!r}")
+        if self.reward_model_enable and not self.reward_model_path:
+            raise ValueError(
+                "reward.reward_model.enable = true needs reward.reward_model.model_path"
+            )
+
+    @property
+    def uses_loop(self) -> bool:
+        """Whether the per-sample reward loop runs (no reward model, or the sum rule)."""
+        return not self.reward_model_enable or self.combine == "sum"
+
+
+#: config attributes read by settings_from_config (the reward stage's cache-key inputs)
+CONFIG_KEYS = (
+    "reward.num_workers",
+    "reward.timeout_s",
+    "reward.error_score",
+    "reward.custom_reward_function.path",
+    "reward.custom_reward_function.name",
+    "reward.reward_model.enable",
+    "reward.reward_model.model_path",
+    "reward.reward_model.micro_batch_size_per_gpu",
+    "reward.reward_model.trust_remote_code",
+)
+
+
+def settings_from_config(config: Any) -> RewardSettings:
+    """The :class:`RewardSettings` of a run config (``stages.config.PPORunConfig``)."""
+    reward = config.reward
+    return RewardSettings(
+        num_workers=reward.num_workers,
+        timeout_s=reward.timeout_s,
+        error_score=reward.error_score,
+        custom_path=reward.custom_reward_function.path,
+        custom_name=reward.custom_reward_function.name,
+        reward_model_enable=reward.reward_model.enable,
+        reward_model_path=reward.reward_model.model_path,
+        reward_model_micro_batch=reward.reward_model.micro_batch_size_per_gpu,
+        reward_model_trust_remote_code=reward.reward_model.trust_remote_code,
+        combine=reward.reward_model.combine,
+    )

@@ -1,0 +1,143 @@
+"""The reward stage: score each sequence once and place it at its last valid response token.
+
+Rule for when it runs: the stage is declared unconditionally (``when`` is always true), and its
+function returns an EMPTY delta when the batch already holds ``rm_scores`` (the rollout scored
+it); the flow must therefore pass ``rm_scores`` to it when present (see :func:`needs_scoring`).
+
+Which route scores (``RewardSettings``):
+
+- reward model disabled → the per-sample reward loop (route A);
+- reward model enabled, ``combine = "replace"`` → the reward model alone (route B, as verl);
+- reward model enabled, ``combine = "sum"`` → reward-model score + loop score, per row.
+
+Either way the row score ``s_i`` goes to ``rm_scores[i, L_i - 1]`` (nothing for ``L_i = 0``).
+
+Delta produced: ``rm_scores`` (B, R) float32, ``seq_scores`` (B,) float32 (``s_i``, also for
+aborted rows), each reward extra as a (B,) object array in ``non_tensor_batch``, and
+``meta_info["reward_extra_keys"]`` (their names). Metrics: ``reward/score_mean`` (over
+non-aborted rows), ``reward/aborted_count``, ``reward/error_count``, ``reward/timeout_count``,
+``reward/invalid_count`` (loop), ``reward_model/*`` (model), ``reward/time_s``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from dataproto import DataProto
+from dataproto import keys as K
+from stages.reward.loop import RewardLoop
+from stages.reward.placement import assemble_rm_scores
+from stages.reward.reward_model import RewardModel
+from stages.reward.settings import CONFIG_KEYS, RewardSettings, settings_from_config
+from stages.stage import Stage, StageContext, meta, non_tensor, tensor
+
+LOOP_ENGINE = "reward_loop"  # ctx.engines key of the RewardLoop
+MODEL_ENGINE = "reward_model"  # ctx.engines key of the RewardModel
+SEQ_SCORES = K.SEQ_SCORES
+
+
+def build_reward_engines(settings: RewardSettings, tokenizer: Any) -> dict[str, Any]:
+    """Start-up: the reward loop (imports and checks the scorer, starts the worker pool) and/or
+    the reward model, keyed for ``StageContext.engines``. Close them with :func:`close_reward_engines`."""
+    engines: dict[str, Any] = {}
+    if settings.uses_loop:
+        engines[LOOP_ENGINE] = RewardLoop(tokenizer, settings)
+    if settings.reward_model_enable:
+        engines[MODEL_ENGINE] = RewardModel(
+            settings.reward_model_path,
+            settings.num_workers,
+            micro_batch_size=settings.reward_model_micro_batch,
+            trust_remote_code=settings.reward_model_trust_remote_code,
+        )
+    return engines
+
+
+def close_reward_engines(engines: dict[str, Any]) -> None:
+    loop = engines.get(LOOP_ENGINE)
+    if loop is not None:
+        loop.close()
+
+
+def needs_scoring(batch: DataProto) -> bool:
+    """False when ``rm_scores`` is already in the batch (the reward stage then adds nothing)."""
+    return batch.batch is None or K.RM_SCORES not in batch.batch
+
+
+def _engine(engines: dict[str, Any], name: str) -> Any:
+    if name not in engines:
+        raise KeyError(
+            f"the reward stage needs ctx.engines[{name!r}] (build it once per run with "
+            f"stages.reward.stage.build_reward_engines); engines has {sorted(engines)}"
+        )
+    return engines[name]
+
+
+def _empty_delta(batch: DataProto) -> DataProto:
+    return DataProto(
+        batch=TensorDict({}, batch_size=[len(batch)]), non_tensor_batch={}, meta_info={}
+    )
+
+
+def compute_reward(
+    batch: DataProto, settings: RewardSettings, engines: dict[str, Any]
+) -> tuple[DataProto, dict[str, float]]:
+    """Score ``batch`` by the configured route; returns the delta and the stage's metrics."""
+    if not needs_scoring(batch):
+        return _empty_delta(batch), {"reward/skipped": 1.0}
+    start = time.perf_counter()
+    metrics: dict[str, float] = {}
+    seq_scores = torch.zeros(len(batch), dtype=torch.float32)  # (B,)
+    extras: dict[str, np.ndarray] = {}
+    if settings.reward_model_enable:
+        scored = _engine(engines, MODEL_ENGINE).score(batch)
+        seq_scores += scored.scores
+        metrics.update(scored.metrics)
+    if settings.uses_loop:
+        result = _engine(engines, LOOP_ENGINE).score(batch)
+        seq_scores += torch.from_numpy(result.scores)
+        extras = result.extras
+        metrics.update({f"reward/{status}_count": float(n) for status, n in result.counts.items()})
+    responses = batch.batch[K.RESPONSES]  # (B, R)
+    rm_scores, is_aborted = assemble_rm_scores(
+        seq_scores, batch.batch[K.ATTENTION_MASK], responses.shape[1]
+    )
+    kept = seq_scores[~is_aborted]
+    metrics["reward/score_mean"] = float(kept.mean()) if len(kept) else float("nan")
+    metrics["reward/aborted_count"] = float(is_aborted.sum())
+    metrics["reward/time_s"] = time.perf_counter() - start
+    delta = DataProto.from_dict(
+        {K.RM_SCORES: rm_scores, SEQ_SCORES: seq_scores},
+        extras,
+        {K.REWARD_EXTRA_KEYS: list(extras)},
+    )
+    return delta, metrics
+
+
+def reward_stage_fn(batch: DataProto, ctx: StageContext) -> DataProto:
+    """The stage function: settings from ``ctx.config``, engines from ``ctx.engines``."""
+    delta, metrics = compute_reward(batch, settings_from_config(ctx.config), ctx.engines)
+    ctx.metrics.update(metrics)
+    return delta
+
+
+REWARD_STAGE = Stage(
+    name="reward",
+    version=1,
+    requires=(
+        tensor(K.RESPONSES),
+        tensor(K.ATTENTION_MASK),
+        tensor(K.INPUT_IDS),
+        tensor(K.PROMPTS),
+        non_tensor(K.UID),
+        non_tensor(K.DATA_SOURCE),
+        non_tensor(K.REWARD_MODEL),
+    ),
+    produces=(tensor(K.RM_SCORES), tensor(SEQ_SCORES), meta(K.REWARD_EXTRA_KEYS)),
+    fn=reward_stage_fn,
+    config_keys=CONFIG_KEYS,
+)
