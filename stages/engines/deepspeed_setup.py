@@ -1,0 +1,211 @@
+"""DeepSpeed ZeRO engines for the actor, critic and reference roles.
+
+One process is one data-parallel rank. Without a launcher (the embedded default) the process group
+is a single gloo rank on 127.0.0.1; under torchrun, Ray or the deepspeed launcher the RANK /
+WORLD_SIZE / MASTER_* variables they set are used as they are.
+
+Gradient accumulation is owned by the caller: each micro-batch's loss is already a partial sum
+with global denominators (``stages.algos.aggregation``), so ``backward`` must not divide it by the
+accumulation count (``scale_wrt_gas=False``) and the boundary is set explicitly — the number of
+micro-batches can change from one mini-batch to the next under a token budget.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How one role's model is trained (or, for the reference, held).
+
+    zero_stage: ZeRO stage 0–3 (3 partitions the parameters themselves).
+    dtype: float32 or bfloat16 (fp16 is not supported on CPU by DeepSpeed).
+    lr, weight_decay, betas, eps: AdamW hyper-parameters.
+    clip_grad: global gradient-norm clip (0 = off).
+    lr_scheduler: "constant" or "cosine", both after ``warmup_steps`` linear warm-up optimizer steps.
+    total_steps: optimizer steps the cosine schedule spans.
+    min_lr_ratio: the cosine schedule's floor as a fraction of lr.
+    offload_optimizer / offload_param: ZeRO offload of optimizer state / parameters to CPU memory.
+    """
+
+    zero_stage: int = 0
+    dtype: Literal["float32", "fp32", "bfloat16", "bf16"] = "float32"
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 1
+    min_lr_ratio: float = 0.0
+    offload_optimizer: bool = False
+    offload_param: bool = False
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.lr_scheduler not in ("constant", "cosine"):
+            raise ValueError(
+                f"lr_scheduler must be 'constant' or 'cosine', got {self.lr_scheduler!r}"
+            )
+        if (self.offload_optimizer or self.offload_param) and self.zero_stage == 0:
+            raise ValueError(
+                "optimizer/parameter offload needs zero_stage ≥ 1 (param offload needs 3)"
+            )
+        if self.offload_param and self.zero_stage != 3:
+            raise ValueError(f"offload_param needs zero_stage 3, got {self.zero_stage}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+def ensure_process_group(backend: str | None = None) -> None:
+    """Initialise torch.distributed through DeepSpeed once per process (gloo on CPU, nccl on CUDA)."""
+    import deepspeed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "RANK" not in os.environ:  # no launcher: one rank in this process
+        os.environ.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+        )
+    deepspeed.init_distributed(
+        dist_backend=backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def deepspeed_config(
+    settings: EngineSettings, micro_batch_size: int, world_size: int
+) -> dict[str, Any]:
+    """The DeepSpeed config dict for one role. Batch sizes are nominal: the caller sets the
+    accumulation boundary itself, so ``gradient_accumulation_steps`` is 1."""
+    zero: dict[str, Any] = {"stage": settings.zero_stage}
+    if settings.zero_stage == 3:
+        zero.update(
+            stage3_param_persistence_threshold=0,
+            stage3_max_live_parameters=int(1e8),
+            stage3_prefetch_bucket_size=int(5e7),
+            stage3_gather_16bit_weights_on_model_save=True,
+        )
+    if settings.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if settings.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "train_batch_size": micro_batch_size * world_size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": settings.clip_grad,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": settings.torch_dtype == torch.bfloat16},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def lr_lambda(settings: EngineSettings):
+    """Multiplier of the base lr at optimizer step s: linear warm-up over ``warmup_steps``, then
+    constant, or cosine from 1 to ``min_lr_ratio`` over the remaining ``total_steps − warmup_steps``."""
+    warmup, total, floor = (
+        settings.warmup_steps,
+        max(settings.total_steps, 1),
+        settings.min_lr_ratio,
+    )
+
+    def multiplier(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if settings.lr_scheduler == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def initialize_engine(
+    module: nn.Module,
+    settings: EngineSettings,
+    *,
+    micro_batch_size: int = 1,
+    trainable: bool = True,
+):
+    """Wrap ``module`` in a DeepSpeed engine: AdamW (torch's on CPU, DeepSpeed's fused/CPU Adam
+    where it applies on CUDA), the warm-up/cosine schedule, gradient clipping, ZeRO.
+
+    A frozen role (``trainable=False``, the reference) gets no optimizer state: ZeRO-3 still
+    partitions its parameters, lower stages keep the plain module in eval mode.
+    """
+    import deepspeed
+
+    ensure_process_group()
+    world_size = torch.distributed.get_world_size()
+    config = deepspeed_config(settings, micro_batch_size, world_size)
+    module = module.to(settings.torch_dtype)
+    if not trainable:
+        module.requires_grad_(False).eval()
+        if settings.zero_stage != 3:
+            return module.to(_device())
+        config["zero_optimization"] = {"stage": 3, "stage3_param_persistence_threshold": 0}
+        engine, *_ = deepspeed.initialize(model=module, config=config)
+        return engine
+    optimizer = _make_optimizer(module, settings)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(settings))
+    engine, *_ = deepspeed.initialize(
+        model=module, optimizer=optimizer, lr_scheduler=scheduler, config=config
+    )
+    return engine
+
+
+def _make_optimizer(module: nn.Module, settings: EngineSettings) -> torch.optim.Optimizer:
+    params = [p for p in module.parameters() if p.requires_grad]
+    kwargs = dict(
+        lr=settings.lr, weight_decay=settings.weight_decay, betas=settings.betas, eps=settings.eps
+    )
+    if settings.offload_optimizer:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(params, adamw_mode=True, **kwargs)
+    if torch.cuda.is_available():
+        from deepspeed.ops.adam import FusedAdam
+
+        return FusedAdam(params, adam_w_mode=True, **kwargs)
+    return torch.optim.AdamW(params, **kwargs)
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")

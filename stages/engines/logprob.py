@@ -1,0 +1,140 @@
+"""Per-token log-probabilities (and entropy) of the response tokens under a causal LM.
+
+The response token at position t of the full sequence (t ≥ P) is predicted from the hidden state
+at t − 1, so for a (B, T = P + R) sequence the R response tokens use the hidden states at
+positions P − 1 … T − 2. The vocabulary projection, the temperature scaling and the log-softmax are
+done ``chunk_tokens`` response positions at a time, so no float32 (B, T, V) logits tensor is ever
+held at once; with ``requires_grad`` each chunk is recomputed in the backward pass
+(activation checkpointing), so the autograd graph does not keep the chunks' logits either.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+#: response positions per vocabulary-projection chunk (chunk logits are chunk·B·V floats)
+DEFAULT_CHUNK_TOKENS = 256
+
+
+def token_logprobs_and_entropy(
+    logits: Tensor, labels: Tensor, calculate_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """log p(labels) and the entropy of softmax(logits), computed in float32.
+
+    Args:
+        logits: (..., V) already divided by the temperature.
+        labels: (...) int64 token ids.
+
+    Returns:
+        ((...) log-probs, (...) entropy or None). Entropy = logsumexp(z) − Σ softmax(z)·z.
+
+    Example:
+        >>> lp, ent = token_logprobs_and_entropy(torch.zeros(1, 4), torch.tensor([2]), True)
+        >>> round(lp.item(), 4), round(ent.item(), 4)
+        (-1.3863, 1.3863)
+    """
+    logits = logits.float()
+    log_norm = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - log_norm
+    if not calculate_entropy:
+        return logprobs, None
+    probs = torch.softmax(logits, dim=-1)
+    entropy = log_norm - (probs * logits).sum(-1)
+    return logprobs, entropy
+
+
+def _project_chunk(
+    hidden: Tensor, labels: Tensor, lm_head: nn.Module, temperature: float, calculate_entropy: bool
+) -> tuple[Tensor, Tensor]:
+    logits = lm_head(hidden) / temperature  # (B, C, V)
+    logprobs, entropy = token_logprobs_and_entropy(logits, labels, calculate_entropy)
+    return logprobs, (entropy if entropy is not None else torch.zeros_like(logprobs))
+
+
+def response_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    response_length: int,
+    *,
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> tuple[Tensor, Tensor | None]:
+    """log π(response token | prefix) / temperature-scaled, for each response position.
+
+    Args:
+        model: a Hugging Face causal LM (``get_decoder()`` and ``get_output_embeddings()``).
+        input_ids, attention_mask, position_ids: (B, T), prompt left-padded, response right-padded.
+        response_length: R, the width of the response part (the last R columns).
+
+    Returns:
+        ((B, R) float32 log-probs, (B, R) float32 entropy or None). Values at response padding are
+        computed like any other position; callers mask them with ``response_mask``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to compute log-probs, got {temperature}")
+    total = input_ids.shape[1]
+    if not 0 < response_length < total:
+        raise ValueError(
+            f"response_length must be in 1..{total - 1} for sequences of {total} tokens, got {response_length}"
+        )
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    hidden = decoder(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    ).last_hidden_state  # (B, T, H)
+    hidden = hidden[
+        :, total - response_length - 1 : total - 1
+    ]  # (B, R, H): predicts each response token
+    labels = input_ids[:, total - response_length :]  # (B, R)
+    pieces = []
+    for start in range(0, response_length, chunk_tokens):
+        args = (hidden[:, start : start + chunk_tokens], labels[:, start : start + chunk_tokens])
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            piece = checkpoint(
+                _project_chunk, *args, lm_head, temperature, calculate_entropy, use_reentrant=False
+            )
+        else:
+            piece = _project_chunk(*args, lm_head, temperature, calculate_entropy)
+        pieces.append(piece)
+    logprobs = torch.cat([p[0] for p in pieces], dim=1)
+    entropy = torch.cat([p[1] for p in pieces], dim=1) if calculate_entropy else None
+    return logprobs, entropy
+
+
+class ResponseLogProbModel(nn.Module):
+    """A causal LM whose ``forward`` returns the response log-probs (and entropy).
+
+    DeepSpeed engines wrap this module, so every forward pass goes through ``engine(...)`` — ZeRO-3
+    gathers and releases parameters around the engine's own forward. ``lm`` is the plain Hugging
+    Face model (generation, export).
+    """
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        response_length: int,
+        temperature: float = 1.0,
+        calculate_entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        return response_logprobs(
+            self.lm,
+            input_ids,
+            attention_mask,
+            position_ids,
+            response_length,
+            temperature=temperature,
+            calculate_entropy=calculate_entropy,
+        )

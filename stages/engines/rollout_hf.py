@@ -1,0 +1,193 @@
+"""Rollouts with Hugging Face ``generate`` on the actor's own module (no second weight copy).
+
+Input: a prompt batch already repeated ``n`` times (interleaved, so the samples of one prompt are
+adjacent), left-padded ``input_ids`` / ``attention_mask`` / ``position_ids`` of width P.
+Output (B rows, one response each):
+
+    prompts           (B, P) the input ids, left-padded
+    responses         (B, R) right-padded with pad_token_id, R = response_length exactly
+    input_ids         (B, P + R) prompts ‖ responses
+    attention_mask    (B, P + R) prompt mask ‖ response_mask
+    position_ids      (B, P + R) prompt positions, then last prompt position + 1, + 2, …
+    response_mask     (B, R) 1 on generated tokens up to and including the first EOS
+    rollout_log_probs (B, R) log softmax(logits / temperature) at the chosen token (0 at padding)
+
+``rollout_log_probs`` are taken from the raw logits before top-k / top-p truncation, i.e. the
+distribution the actor recomputes for ``old_log_probs`` at the same temperature; with greedy
+decoding the temperature is 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor, nn
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from dataproto import DataProto
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Sampling parameters of one rollout call (verl's rollout.* / val_kwargs.* names).
+
+    response_length: R, the maximum number of generated tokens (and the output width).
+    temperature / top_p / top_k: top_k ≤ 0 means no top-k; ignored when do_sample is False.
+    eos_token_id: one id or several; pad_token_id pads responses after EOS.
+    max_batch_rows: rows generated together (bounds the KV cache); 0 = all rows at once.
+    """
+
+    response_length: int
+    eos_token_id: int | tuple[int, ...]
+    pad_token_id: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    max_batch_rows: int = 0
+
+    def __post_init__(self) -> None:
+        if self.response_length < 1:
+            raise ValueError(f"response_length must be ≥ 1, got {self.response_length}")
+        if self.do_sample and self.temperature <= 0:
+            raise ValueError(
+                f"temperature must be > 0 when sampling, got {self.temperature}; use do_sample=False for greedy"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return (
+            (self.eos_token_id,) if isinstance(self.eos_token_id, int) else tuple(self.eos_token_id)
+        )
+
+    def generation_config(self) -> GenerationConfig:
+        sampling = dict(temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0))
+        return GenerationConfig(
+            max_new_tokens=self.response_length,
+            do_sample=self.do_sample,
+            eos_token_id=list(self.eos_ids),
+            pad_token_id=self.pad_token_id,
+            **(sampling if self.do_sample else {}),
+        )
+
+
+class ChosenTokenLogProbs(LogitsProcessor):
+    """Records log softmax(raw logits / temperature) of each chosen token while ``generate`` runs.
+
+    Custom processors run before the sampling warpers, so ``scores`` are the raw logits. The token
+    chosen at step t is only known at step t + 1 (the last column of ``input_ids``), so one (B, V)
+    row is kept between calls and the final step is gathered by :meth:`finish`.
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.pending: Tensor | None = None  # (B, V) log-probs of the step whose token is unknown
+        self.chosen: list[Tensor] = []  # R' tensors of shape (B,)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        self._gather(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def _gather(self, tokens: Tensor) -> None:
+        if self.pending is not None:
+            self.chosen.append(self.pending.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+            self.pending = None
+
+    def finish(self, generated: Tensor) -> Tensor:
+        """(B, R') log-probs of ``generated`` (the new tokens, R' = generated steps)."""
+        self._gather(generated[:, -1])
+        if not self.chosen:
+            return generated.new_zeros(generated.shape, dtype=torch.float32)
+        return torch.stack(self.chosen, dim=1)
+
+
+def response_mask_from_tokens(responses: Tensor, eos_ids: tuple[int, ...]) -> Tensor:
+    """(B, R) int64 mask: 1 up to and including the first EOS, 0 after it (all 1 without EOS).
+
+    Example:
+        >>> response_mask_from_tokens(torch.tensor([[5, 2, 0], [5, 6, 7]]), (2,))
+        tensor([[1, 1, 0],
+                [1, 1, 1]])
+    """
+    is_eos = torch.isin(responses, torch.tensor(eos_ids, device=responses.device))
+    eos_before = is_eos.long().cumsum(dim=1) - is_eos.long()  # EOS strictly before each position
+    return (eos_before == 0).long()
+
+
+def _generate_rows(
+    module: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    settings: SamplingSettings,
+    **generate_kwargs,
+) -> tuple[Tensor, Tensor]:
+    """(B, R) right-padded responses and their (B, R) log-probs for one chunk of rows."""
+    recorder = ChosenTokenLogProbs(settings.temperature if settings.do_sample else 1.0)
+    sequences = module.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        generation_config=settings.generation_config(),
+        logits_processor=LogitsProcessorList([recorder]),
+        **generate_kwargs,
+    )
+    generated = sequences[:, input_ids.shape[1] :]  # (B, R') with R' ≤ R
+    logprobs = recorder.finish(generated)
+    missing = settings.response_length - generated.shape[1]
+    responses = torch.nn.functional.pad(generated, (0, missing), value=settings.pad_token_id)
+    return responses, torch.nn.functional.pad(logprobs, (0, missing), value=0.0)
+
+
+@torch.no_grad()
+def generate_sequences(
+    module: nn.Module, prompts: DataProto, settings: SamplingSettings, **generate_kwargs
+) -> DataProto:
+    """One response per prompt row; see the module docstring for the output layout.
+
+    ``generate_kwargs`` go to ``module.generate`` (e.g. ``synced_gpus=True`` under ZeRO-3 with
+    several ranks).
+    """
+    batch = prompts.batch
+    input_ids, prompt_mask, prompt_pos = (
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["position_ids"],
+    )
+    rows = input_ids.shape[0]
+    step = settings.max_batch_rows or rows
+    was_training = module.training
+    module.eval()
+    try:
+        chunks = [
+            _generate_rows(
+                module,
+                input_ids[i : i + step],
+                prompt_mask[i : i + step],
+                settings,
+                **generate_kwargs,
+            )
+            for i in range(0, rows, step)
+        ]
+    finally:
+        module.train(was_training)
+    responses = torch.cat([c[0] for c in chunks])  # (B, R)
+    response_mask = response_mask_from_tokens(responses, settings.eos_ids)
+    responses = responses.masked_fill(response_mask == 0, settings.pad_token_id)
+    offsets = torch.arange(1, settings.response_length + 1, device=prompt_pos.device)
+    out = TensorDict(
+        {
+            "prompts": input_ids,
+            "responses": responses,
+            "input_ids": torch.cat([input_ids, responses], dim=1),
+            "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
+            "position_ids": torch.cat([prompt_pos, prompt_pos[:, -1:] + offsets], dim=1),
+            "response_mask": response_mask,
+            "rollout_log_probs": torch.cat([c[1] for c in chunks]) * response_mask,
+        },
+        batch_size=[rows],
+    )
+    return DataProto(batch=out, non_tensor_batch={}, meta_info={})

@@ -1,0 +1,107 @@
+"""The stage contract: what a stage of the PPO step reads, writes, and when it runs.
+
+A stage is a plain function ``fn(batch, ctx) -> DataProto`` that returns ONLY the keys it
+produces (a delta) and never mutates its input. The flow (``flows/``) derives the step DAG from
+these declarations: it checks before any work that every enabled stage's ``requires`` are produced
+upstream, selects the required keys, calls the stage, stores the delta as an artifact and unions it
+into the step batch. Nothing here knows about Prefect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dataproto import DataProto
+
+Layer = Literal["batch", "non_tensor_batch", "meta_info"]
+
+
+@dataclass(frozen=True)
+class KeyRef:
+    """One key of one DataProto layer, e.g. ``KeyRef("batch", "responses")``."""
+
+    layer: Layer
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.layer}.{self.name}"
+
+
+def tensor(name: str) -> KeyRef:
+    return KeyRef("batch", name)
+
+
+def non_tensor(name: str) -> KeyRef:
+    return KeyRef("non_tensor_batch", name)
+
+
+def meta(name: str) -> KeyRef:
+    return KeyRef("meta_info", name)
+
+
+@dataclass
+class StageContext:
+    """What a stage may use besides its input batch.
+
+    config: the run config (``stages.config.PPORunConfig``); a stage reads only its own slice.
+    engines: role → engine (actor, critic, ref, rollout, reward_model), owned by the run.
+    step: the global step this stage runs in (1-based).
+    metrics: the stage adds scalar metrics here (``area/name`` → float); the flow logs them.
+    """
+
+    config: Any
+    engines: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A named, versioned unit of the PPO step.
+
+    name: the stage's name and its timer name (``timing_s/<name>``), e.g. ``"old_log_prob"``.
+    version: bump when the stage's output for the same inputs changes (invalidates caches).
+    requires / produces: the keys it reads / adds.
+    when: ``when(config) -> bool``, the stage's condition (e.g. values only with a critic).
+    config_keys: dotted config paths the stage reads (part of its cache key).
+    reads_weights / writes_weights: whether it depends on or changes model state.
+    fn: ``fn(batch, ctx) -> DataProto``, returning only ``produces``.
+    """
+
+    name: str
+    version: int
+    requires: tuple[KeyRef, ...]
+    produces: tuple[KeyRef, ...]
+    fn: Callable[[DataProto, StageContext], DataProto]
+    when: Callable[[Any], bool] = lambda config: True
+    config_keys: tuple[str, ...] = ()
+    reads_weights: bool = False
+    writes_weights: bool = False
+
+    def missing_inputs(self, batch: DataProto) -> list[KeyRef]:
+        """The required keys ``batch`` does not hold (empty when the stage can run)."""
+        present = {
+            "batch": set(batch.batch.keys()) if batch.batch is not None else set(),
+            "non_tensor_batch": set(batch.non_tensor_batch),
+            "meta_info": set(batch.meta_info),
+        }
+        return [ref for ref in self.requires if ref.name not in present[ref.layer]]
+
+    def check_inputs(self, batch: DataProto) -> None:
+        """Raise ``KeyError`` naming the stage and every missing key, before any work is done."""
+        missing = self.missing_inputs(batch)
+        if missing:
+            names = ", ".join(str(ref) for ref in missing)
+            raise KeyError(
+                f"stage {self.name!r} requires {names}, which the batch does not hold; "
+                f"an upstream stage must produce it (batch has: {sorted(_all_keys(batch))})"
+            )
+
+
+def _all_keys(batch: DataProto) -> set[str]:
+    keys = set(batch.non_tensor_batch) | set(batch.meta_info)
+    if batch.batch is not None:
+        keys |= set(batch.batch.keys())
+    return keys

@@ -1,0 +1,72 @@
+"""A tiny Qwen2 causal LM on disk and rollout-shaped batches for the engine tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from dataproto import DataProto
+
+VOCAB, PAD, EOS = 67, 0, 2
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        tie_word_embeddings=True,
+    )
+    path = tmp_path_factory.mktemp("tiny-lm")
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def make_rollout_batch():
+    """The :func:`rollout_batch` builder, for tests (conftest modules are not importable)."""
+    return rollout_batch
+
+
+def rollout_batch(
+    prompt_lens: list[int], response_lens: list[int], P: int, R: int, seed: int = 0
+) -> DataProto:
+    """Left-padded prompts ‖ right-padded responses, random advantages and old log-probs."""
+    generator = torch.Generator().manual_seed(seed)
+    B = len(prompt_lens)
+    input_ids = torch.randint(3, VOCAB, (B, P + R), generator=generator)
+    attention_mask = torch.zeros(B, P + R, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
+        attention_mask[i, P - p : P + r] = 1
+    input_ids = input_ids.masked_fill(attention_mask == 0, PAD)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    response_mask = attention_mask[:, P:]
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "prompts": input_ids[:, :P],
+        "responses": input_ids[:, P:],
+        "response_mask": response_mask,
+        "advantages": torch.randn(B, R, generator=generator) * response_mask,
+        "old_log_probs": (-3.0 + 0.3 * torch.randn(B, R, generator=generator)) * response_mask,
+        "returns": torch.randn(B, R, generator=generator) * response_mask,
+        "values": torch.randn(B, R, generator=generator) * response_mask,
+    }
+    return DataProto(
+        batch=TensorDict(tensors, batch_size=[B]),
+        non_tensor_batch={},
+        meta_info={"temperature": 1.0},
+    )
