@@ -129,7 +129,7 @@ def update_actor(
             for name, value in micro_metrics.items():
                 step_metrics.setdefault(name, []).append(value)
         grad_norm = optimizer_step(engine)
-        _record_step(metrics, step_metrics, engine, grad_norm)
+        record_step(metrics, step_metrics, engine, grad_norm)
     return metrics
 
 
@@ -150,7 +150,7 @@ def optimizer_step(engine) -> float:
     return float(reported) if reported is not None else norm
 
 
-def _record_step(
+def record_step(
     metrics: dict[str, Metric],
     step_metrics: dict[str, list[Tensor]],
     engine,
