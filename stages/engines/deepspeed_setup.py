@@ -37,8 +37,9 @@ class EngineSettings:
     dtype: float32 or bfloat16 (fp16 is not supported on CPU by DeepSpeed).
     lr, weight_decay, betas, eps: AdamW hyper-parameters.
     clip_grad: global gradient-norm clip (0 = off).
-    lr_scheduler: "constant" or "cosine", both after ``warmup_steps`` linear warm-up optimizer steps.
-    total_steps: optimizer steps the cosine schedule spans.
+    lr_scheduler: "constant" or "cosine", both after ``warmup_steps`` linear warm-up steps.
+    total_steps: training steps the cosine schedule spans (the schedule advances once per training
+        step, i.e. per update call, as in verl — not per optimizer step).
     min_lr_ratio: the cosine schedule's floor as a fraction of lr.
     offload_optimizer / offload_param: ZeRO offload of optimizer state / parameters to CPU memory.
     """
@@ -183,10 +184,16 @@ def initialize_engine(
         return engine
     optimizer = _make_optimizer(module, settings)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(settings))
-    engine, *_ = deepspeed.initialize(
-        model=module, optimizer=optimizer, lr_scheduler=scheduler, config=config
-    )
+    engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+    # Not handed to DeepSpeed, which would step it at every optimizer step: verl advances the
+    # schedule once per training step (per update call), see step_lr_schedule.
+    engine.ppoflow_lr_scheduler = scheduler
     return engine
+
+
+def step_lr_schedule(engine) -> None:
+    """Advance the engine's learning-rate schedule by one training step (after an update call)."""
+    engine.ppoflow_lr_scheduler.step()
 
 
 def _make_optimizer(module: nn.Module, settings: EngineSettings) -> torch.optim.Optimizer:
