@@ -33,6 +33,7 @@ REWARD_MODEL = "reward_model"  # (B,) object dict {style, ground_truth}
 EXTRA_INFO = "extra_info"  # (B,) object dict
 RAW_PROMPT = "raw_prompt"  # (B,) object list[dict]: chat messages
 ABILITY = "ability"  # (B,) object str
+INDEX = "index"  # (B,) object int: extra_info["index"] (0 when absent)
 NUM_TURNS = "__num_turns__"  # (B,) int
 TOOL_CALL_COUNTS = "tool_call_counts"  # (B,) int
 IS_PAD = "is_pad"  # (B,) bool: True on rows duplicated by pad_dataproto_to_divisor; metrics exclude them

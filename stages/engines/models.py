@@ -17,7 +17,9 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from stages.engines.deepspeed_setup import DTYPES
 
 
-def _dtype(name: str) -> torch.dtype:
+def _dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
     try:
         return DTYPES[name]
     except KeyError:

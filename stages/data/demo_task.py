@@ -1,0 +1,168 @@
+"""The built-in demo task "ppoflow/demo-copy": repeat the letter(s) of the prompt.
+
+Each prompt is one user message ``"copy: <answer>"``; the answer is ``answer_length`` letters drawn
+uniformly from ``alphabet`` (default ``"abcdefgh"``) and is the ground truth. With the tiny
+tokenizer the prompt reads ``<|user|>copy: c<|assistant|>`` and the ideal response is
+``c<|endoftext|>``. ``extra_info`` carries the alphabet so the scorer knows it.
+
+Score (``compute_score``, verl's custom-reward signature, returns ``{"score", "acc", "pred"}``),
+for a decoded response ``s`` and an answer ``a`` of k letters:
+- the credit of a character ``c`` for an answer letter ``t``: 1 if ``c == t``;
+  ``NEAR_CREDIT · (1 − d / ⌊|alphabet| / 2⌋)`` if ``c`` is another letter of the alphabet at
+  *cyclic* distance ``d`` from ``t`` (so the opposite letter earns 0); 0 for any other character;
+- every character of the response is scored against the answer repeated (``a[j mod k]`` at
+  position j), missing answer positions of a short response count 0:
+  ``match = Σ_{j < n} credit(s[j], a[j mod k]) / n`` with ``n = max(len(s), k)``;
+- ``score = match`` when the response stops right after the answer (``len(s) == k``), else
+  ``(1 − STOP_WEIGHT) · match``. The reward loop decodes the valid response with special tokens
+  skipped, so "stopped right after the answer" = the decoded text has exactly k characters (EOS
+  came next). So ``"c"`` scores 1.0, ``"cccc"`` 0.8 and ``"cxyz"`` 0.2;
+- ``acc`` = 1.0 when the first k characters equal the answer (stopping not required), ``pred`` =
+  those characters (used by maj@N).
+
+Why this shape (RL with GRPO, n = 4, on a *randomly initialised* tiny model):
+- Prompt dependence. The near-miss credit is cyclic, so every letter has the same expected
+  credit under uniformly drawn answers, ``(1 + NEAR_CREDIT · (⌊m/2⌋ − 1)) / m`` for m letters
+  (0.3125 for 8): a policy that ignores the prompt scores at most that (per character, whatever
+  it emits) and its acc is chance (1/8). Only reading the prompt raises the score, up to 1.0.
+  (A plain code-point distance would make the middle letter a good constant answer, and RL
+  collapses onto it: measured.)
+- Dense signal from random init. The model samples its 261 tokens almost uniformly, so exact
+  matches are rare; the near-miss credit over *every* response character makes the four scores
+  of a group differ in most groups (84% of groups of 16 uniform random bytes, vs 1.6% for an
+  exact match of the first character), and every sampled token carries a prompt-dependent
+  reward, not only the first (scoring only the first character left 15 of 16 response tokens as
+  pure noise, and the policy collapsed onto one letter).
+- Expected learnability, measured with a minimal on-policy GRPO loop (n = 4, token-mean loss,
+  one AdamW step per batch, 16 response tokens, greedy validation on 64 prompts, the model of
+  `make_tiny_model`): with 64 prompts per step and lr 3e-4, validation score 0 → 0.29 within
+  10 steps (the policy emits letters; a prompt-independent plateau), then prompt conditioning:
+  acc 0.31 at step 120, 0.77 at step 170, 0.94 at step 200 (score 0.77: it rarely learns to
+  stop), about 3 minutes of one CPU core in that loop. With 16 prompts per step and lr 1e-3:
+  acc 0.31 at step 160–200 (3 of 8 letters copied). With 16 prompts and lr 1e-4 (the shipped
+  demo config's 30 steps) only the plateau is reached: validation score 0 → 0.29 by step 10,
+  acc at chance. So the validation score visibly rises within any short run, and true copying
+  needs ~64 prompts per step, lr ~3e-4 and ~150–200 steps.
+- Longer answers (``answer_length`` > 1) use the same scorer; their learning speed is not
+  measured (expect it slower: each position needs its own copy).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from stages.data.dataset import write_prompt_rows
+
+DATA_SOURCE = "ppoflow/demo-copy"
+ABILITY = "copy"
+DEFAULT_ALPHABET = "abcdefgh"
+NEAR_CREDIT = 0.5  # credit scale of a near-miss letter (cyclic distance 1 earns 0.75 of it)
+STOP_WEIGHT = 0.2  # share of the score lost by not stopping right after the answer
+
+
+def char_credit(char: str | None, target: str, alphabet: str = DEFAULT_ALPHABET) -> float:
+    """Credit of one response character for one answer letter (cyclic near-miss credit).
+
+    Example:
+        >>> [char_credit(c, "a") for c in "abcdeh"]
+        [1.0, 0.375, 0.25, 0.125, 0.0, 0.375]
+        >>> char_credit("~", "a"), char_credit(None, "a")
+        (0.0, 0.0)
+    """
+    if char is None or char not in alphabet:
+        return 0.0
+    if char == target:
+        return 1.0
+    half = len(alphabet) // 2
+    distance = abs(alphabet.index(char) - alphabet.index(target))
+    distance = min(distance, len(alphabet) - distance)
+    return NEAR_CREDIT * max(0.0, 1.0 - distance / half)
+
+
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
+) -> dict[str, Any]:
+    """Score a decoded response against the answer letters (rules in the module docstring).
+
+    Example:
+        >>> compute_score(DATA_SOURCE, "c", "c")
+        {'score': 1.0, 'acc': 1.0, 'pred': 'c'}
+        >>> compute_score(DATA_SOURCE, "cccc", "c")["score"], compute_score(DATA_SOURCE, "cxyz", "c")["score"]
+        (0.8, 0.2)
+        >>> compute_score(DATA_SOURCE, "d", "c")["score"], compute_score(DATA_SOURCE, "", "c")["score"]
+        (0.375, 0.0)
+    """
+    if data_source != DATA_SOURCE:
+        raise ValueError(f"demo scorer got data_source={data_source!r}; it scores {DATA_SOURCE!r}")
+    alphabet = (extra_info or {}).get("alphabet") or DEFAULT_ALPHABET
+    answer = str(ground_truth)
+    if not answer or any(t not in alphabet for t in answer):
+        raise ValueError(
+            f"demo scorer got ground_truth={ground_truth!r}; expected letters of {alphabet!r}"
+        )
+    k = len(answer)
+    n = max(len(solution_str), k)
+    chars = [solution_str[j] if j < len(solution_str) else None for j in range(n)]
+    match = sum(char_credit(c, answer[j % k], alphabet) for j, c in enumerate(chars)) / n
+    score = match if len(solution_str) == k else (1.0 - STOP_WEIGHT) * match
+    pred = solution_str[:k]
+    return {"score": score, "acc": float(pred == answer), "pred": pred}
+
+
+def make_demo_rows(
+    n: int,
+    *,
+    seed: int,
+    split: str,
+    answer_length: int = 1,
+    alphabet: str = DEFAULT_ALPHABET,
+) -> list[dict[str, Any]]:
+    """``n`` verl-layout records of the demo task, drawn from ``random.Random(seed)``."""
+    if n < 0 or answer_length < 1 or len(alphabet) < 2 or len(set(alphabet)) != len(alphabet):
+        raise ValueError(
+            f"need n >= 0, answer_length >= 1 and >= 2 letters without repeats; got n={n}, "
+            f"answer_length={answer_length}, alphabet={alphabet!r}"
+        )
+    rng = random.Random(seed)
+    rows = []
+    for index in range(n):
+        answer = "".join(rng.choice(alphabet) for _ in range(answer_length))
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": f"copy: {answer}"}],
+                "ability": ABILITY,
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {"split": split, "index": index, "alphabet": alphabet},
+            }
+        )
+    return rows
+
+
+def make_demo_data(
+    directory: str | Path,
+    *,
+    n_train: int = 1024,
+    n_val: int = 64,
+    seed: int = 0,
+    answer_length: int = 1,
+    alphabet: str = DEFAULT_ALPHABET,
+) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` of the demo task; return their paths.
+
+    The two splits are drawn from independent streams (seed and seed + 1).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = directory / "train.parquet", directory / "val.parquet"
+    for path, n, split_seed, split in (
+        (paths[0], n_train, seed, "train"),
+        (paths[1], n_val, seed + 1, "val"),
+    ):
+        rows = make_demo_rows(
+            n, seed=split_seed, split=split, answer_length=answer_length, alphabet=alphabet
+        )
+        write_prompt_rows(path, rows)
+    return paths
