@@ -1,0 +1,357 @@
+"""Engine checkpoints (save / load / prune) and the plain Hugging Face export, all atomic.
+
+Layout (verl's): ``root/global_step_{N}/{actor,critic}`` per role and ``root/
+latest_checkpointed_iteration.txt`` = N. One role's checkpoint directory holds:
+
+- ``state/`` — DeepSpeed's own files (``engine.save_checkpoint``): weights and optimizer state,
+  ZeRO partitions of every rank (plus DeepSpeed's ``zero_to_fp32.py``);
+- ``lr_scheduler.pt`` — the per-training-step LR schedule (``engine.ppoflow_lr_scheduler``, which
+  DeepSpeed does not own, see ``deepspeed_setup.initialize_engine``), plain values only;
+- ``rng_state_rank{r}.pt`` — python / numpy / torch CPU / CUDA generator states of rank r, tensors
+  and plain numbers only (read back with ``torch.load(weights_only=True)``);
+- ``client_state.json`` — the caller's small state (step counters, data-loader position, …);
+- ``ppoflow_checkpoint.json`` — the manifest (format, world size, ZeRO stage), written last.
+
+Atomicity: everything is written into ``.{name}.partial`` beside the final directory, then renamed
+into place; an existing checkpoint is renamed aside to ``.{name}.old`` first and deleted after the
+new one is in. A failure leaves no directory under the final name other than the previous, intact
+one. With several ranks every rank calls these functions (DeepSpeed's save is collective); rank 0
+does the renames between barriers, so the directory must be on a file system all ranks share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from stages.engines.critic import ValueModel
+from stages.engines.logprob import ResponseLogProbModel
+
+FORMAT_VERSION = 1
+STATE_TAG = "state"
+MANIFEST = "ppoflow_checkpoint.json"
+CLIENT_STATE = "client_state.json"
+LR_SCHEDULER = "lr_scheduler.pt"
+LATEST_FILE = "latest_checkpointed_iteration.txt"  # verl's tracker name
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+# --- paths and the latest-step tracker ---
+
+
+def checkpoint_dir(root: str | Path, step: int, role: str) -> Path:
+    """``root/global_step_{step}/{role}`` (role: actor, critic, …)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int ≥ 0, got {step!r}")
+    if not role or "/" in role or role.startswith("."):
+        raise ValueError(f"role must be a plain directory name such as 'actor', got {role!r}")
+    return Path(root) / f"global_step_{step}" / role
+
+
+def write_latest_step(root: str | Path, step: int) -> None:
+    """Atomically write ``root/latest_checkpointed_iteration.txt`` = step (temp file + replace)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int ≥ 0, got {step!r}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    partial = root / f".{LATEST_FILE}.partial"
+    with open(partial, "w", encoding="utf-8") as handle:
+        handle.write(str(step))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, root / LATEST_FILE)
+    _fsync_dir(root)
+
+
+def read_latest_step(root: str | Path) -> int | None:
+    """The step in ``root/latest_checkpointed_iteration.txt``; None when there is no tracker."""
+    path = Path(root) / LATEST_FILE
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8").strip()
+    if not text.isdigit():
+        raise ValueError(f"{path} should hold a non-negative step number, got {text!r}")
+    return int(text)
+
+
+def checkpoint_steps(root: str | Path) -> list[int]:
+    """Steps of the ``global_step_N`` directories under ``root``, ascending."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    matches = (_STEP_DIR.match(entry.name) for entry in root.iterdir() if entry.is_dir())
+    return sorted(int(m.group(1)) for m in matches if m)
+
+
+def prune_checkpoints(root: str | Path, keep_last: int | None) -> list[Path]:
+    """Delete all but the ``keep_last`` newest ``global_step_N`` directories (None = keep all).
+
+    The step named by the latest tracker is always kept. Returns the deleted directories.
+    """
+    if keep_last is None:
+        return []
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+        raise ValueError(f"keep_last must be an int ≥ 1 or None (keep all), got {keep_last!r}")
+    steps = checkpoint_steps(root)
+    keep = set(steps[-keep_last:]) | {read_latest_step(root)}
+    removed = [Path(root) / f"global_step_{s}" for s in steps if s not in keep]
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
+
+
+# --- engine state ---
+
+
+def save_engine_checkpoint(
+    engine, directory: str | Path, *, client_state: dict[str, Any] | None = None
+) -> Path:
+    """Save weights, optimizer, LR scheduler, RNG states and ``client_state`` (JSON-serialisable)
+    to ``directory`` atomically, replacing an existing checkpoint there. Returns ``directory``."""
+    directory = Path(directory)
+    client_json = _client_state_json(client_state)
+    rng_state = capture_rng_state()  # before DeepSpeed's save can touch any generator
+    rank, world_size = _rank(), _world_size()
+    partial = _sibling(directory, "partial")
+    if rank == 0:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # a leftover of an interrupted save
+    _barrier()
+    try:
+        engine.save_checkpoint(str(partial), tag=STATE_TAG, client_state={}, save_latest=False)
+        torch.save(rng_state, partial / _rng_file(rank))
+        if rank == 0:
+            (partial / CLIENT_STATE).write_text(client_json, encoding="utf-8")
+            scheduler = _lr_scheduler(engine)
+            if scheduler is not None:
+                torch.save(scheduler.state_dict(), partial / LR_SCHEDULER)
+            manifest = {
+                "format": FORMAT_VERSION,
+                "world_size": world_size,
+                "zero_stage": int(engine.zero_optimization_stage()),
+                "deepspeed_tag": STATE_TAG,
+                "lr_scheduler": scheduler is not None,
+            }
+            _barrier()  # every rank's files are in before the manifest marks the save complete
+            (partial / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+            _replace_dir(partial, directory)
+        else:
+            _barrier()
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
+    _barrier()
+    return directory
+
+
+def load_engine_checkpoint(engine, directory: str | Path) -> dict[str, Any]:
+    """Restore what :func:`save_engine_checkpoint` wrote into ``engine`` (built with the same
+    settings and world size) and this process's RNG states; returns the client_state."""
+    directory = Path(directory)
+    manifest = _read_manifest(directory)
+    saved = (manifest.get("world_size"), manifest.get("zero_stage"), manifest.get("lr_scheduler"))
+    here = (_world_size(), int(engine.zero_optimization_stage()), _lr_scheduler(engine) is not None)
+    if saved != here:
+        raise ValueError(
+            f"checkpoint {directory} was saved with (world_size, zero_stage, lr_scheduler)="
+            f"{saved}; this engine has {here}. Load it into an engine built with the same settings."
+        )
+    load_path, _ = engine.load_checkpoint(
+        str(directory),
+        tag=manifest["deepspeed_tag"],
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
+    )
+    if load_path is None:
+        raise FileNotFoundError(
+            f"DeepSpeed found no engine state under {directory / manifest['deepspeed_tag']}"
+        )
+    scheduler = _lr_scheduler(engine)
+    if scheduler is not None:
+        scheduler.load_state_dict(torch.load(directory / LR_SCHEDULER, weights_only=True))
+    client_state = json.loads((directory / CLIENT_STATE).read_text(encoding="utf-8"))
+    restore_rng_state(torch.load(directory / _rng_file(_rank()), weights_only=True))
+    return client_state
+
+
+def _read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest, after checking that every file this rank needs is present."""
+    if not directory.is_dir():
+        old = _sibling(directory, "old")
+        hint = (
+            f"; an interrupted overwrite left the previous checkpoint at {old}"
+            if old.is_dir()
+            else ""
+        )
+        raise FileNotFoundError(f"no checkpoint directory at {directory}{hint}")
+    manifest_path = directory / MANIFEST
+    manifest = (
+        json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
+    )
+    needed = [MANIFEST, CLIENT_STATE, STATE_TAG, _rng_file(_rank())]
+    needed += [LR_SCHEDULER] if manifest.get("lr_scheduler") else []
+    missing = [name for name in needed if not (directory / name).exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"checkpoint {directory} is incomplete: missing {missing} (expected a directory "
+            "written by save_engine_checkpoint)"
+        )
+    if manifest.get("format") != FORMAT_VERSION:
+        raise ValueError(
+            f"checkpoint {directory} has format {manifest.get('format')!r}; this version of "
+            f"ppoflow reads format {FORMAT_VERSION}"
+        )
+    return manifest
+
+
+def _lr_scheduler(engine):
+    """The engine's per-training-step LR schedule (None for an engine without one)."""
+    return getattr(engine, "ppoflow_lr_scheduler", None)
+
+
+def _client_state_json(client_state: dict[str, Any] | None) -> str:
+    try:
+        return json.dumps(client_state or {}, indent=2, sort_keys=True, allow_nan=True)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"client_state must be JSON-serialisable (numbers, strings, lists, dicts): {error}"
+        ) from None
+
+
+# --- RNG states ---
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Python, numpy, torch CPU (and CUDA) generator states as tensors and plain numbers, so they
+    round-trip through ``torch.load(weights_only=True)``."""
+    version, internal, gauss_next = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": [version, torch.tensor(internal, dtype=torch.int64), gauss_next],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+        "torch_cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["torch_cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Set every generator :func:`capture_rng_state` recorded (CUDA only where present)."""
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(int(x) for x in internal.tolist()), gauss_next))
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(state["torch_cpu"])
+    if "torch_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["torch_cuda"])
+
+
+# --- Hugging Face export ---
+
+
+def hf_model_of(engine_or_module) -> nn.Module:
+    """The plain Hugging Face model inside an engine or wrapper: ``ResponseLogProbModel.lm`` (actor,
+    reference), ``ValueModel.backbone`` (critic), or the model itself."""
+    module = engine_or_module
+    if hasattr(module, "save_checkpoint") and isinstance(
+        getattr(module, "module", None), nn.Module
+    ):
+        module = module.module  # a DeepSpeed engine
+    if isinstance(module, ResponseLogProbModel):
+        return module.lm
+    if isinstance(module, ValueModel):
+        return module.backbone
+    if hasattr(module, "save_pretrained") and isinstance(module, nn.Module):
+        return module
+    raise TypeError(
+        f"cannot export {type(engine_or_module).__name__}: expected a DeepSpeed engine, a "
+        "ResponseLogProbModel, a ValueModel or a Hugging Face PreTrainedModel"
+    )
+
+
+def export_hf_model(engine_or_module, directory: str | Path, tokenizer=None) -> Path:
+    """Write a plain Hugging Face model directory (``from_pretrained`` loads it) atomically.
+
+    ZeRO-3 partitions are gathered first (on every rank — call this on every rank); rank 0 writes.
+    The critic is saved as its token-classification model (``load_value_model`` restores it).
+    """
+    import deepspeed
+
+    model = hf_model_of(engine_or_module)
+    directory = Path(directory)
+    params = list(model.parameters())
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        state_dict = {
+            name: tensor.detach().cpu().clone() for name, tensor in model.state_dict().items()
+        }
+    if _rank() == 0:
+        partial = _sibling(directory, "partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        try:
+            model.save_pretrained(partial, state_dict=state_dict)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(partial)
+            _replace_dir(partial, directory)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+    _barrier()
+    return directory
+
+
+# --- file-system and process-group helpers ---
+
+
+def _sibling(directory: Path, suffix: str) -> Path:
+    return directory.parent / f".{directory.name}.{suffix}"
+
+
+def _replace_dir(new: Path, final: Path) -> None:
+    """Rename ``new`` to ``final``; an existing ``final`` is renamed aside first, deleted after."""
+    old = _sibling(final, "old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.rename(final, old)
+    os.rename(new, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _rng_file(rank: int) -> str:
+    return f"rng_state_rank{rank}.pt"
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if _distributed() else 0
+
+
+def _world_size() -> int:
+    return torch.distributed.get_world_size() if _distributed() else 1
+
+
+def _barrier() -> None:
+    if _world_size() > 1:
+        torch.distributed.barrier()

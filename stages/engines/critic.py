@@ -1,0 +1,187 @@
+"""The critic worker: values of a rollout batch, and the clipped value-function update.
+
+The value of the state before response token t is the head's output at position t − 1 of the full
+sequence (verl's ``values[:, -R - 1 : -1]``), so for a (B, T = P + R) sequence the R values use the
+hidden states at positions P − 1 … T − 2. Both functions take and return DataProto batches and hold
+no orchestration state; the model is a :class:`ValueModel`, or the DeepSpeed engine wrapping one
+(every forward goes through ``engine(...)`` so ZeRO-3 gathers the parameters around it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor, nn
+
+from dataproto import DataProto, keys
+from stages.algos.masked import masked_mean
+from stages.algos.micro_batch import restore_order
+from stages.algos.policy_loss_config import read_settings
+from stages.algos.value_loss import compute_value_loss
+from stages.engines.actor import PPOUpdateSettings, optimizer_step, record_step
+from stages.engines.batching import MicroBatching, global_batch_info, mini_batch_indices
+from stages.metrics.metric import Metric
+
+#: the head attribute names of Hugging Face ``*ForTokenClassification`` models
+_HEAD_NAMES = ("score", "classifier")
+
+#: batch keys a forward pass reads
+FORWARD_KEYS = (keys.INPUT_IDS, keys.ATTENTION_MASK, keys.POSITION_IDS, keys.RESPONSES)
+#: batch keys the update reads besides the forward keys
+UPDATE_KEYS = (keys.RESPONSE_MASK, keys.VALUES, keys.RETURNS)
+
+
+@dataclass(frozen=True)
+class ValueLossSettings:
+    """The critic loss settings (verl's critic.* names and defaults).
+
+    cliprange_value: c, v_pred stays within v_old ± c (value units).
+    loss_agg_mode: aggregation of the token losses (``stages.algos.aggregation``).
+    """
+
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+
+
+def value_head(model: nn.Module) -> nn.Module:
+    """The one-output head of a Hugging Face token-classification model (``score`` or ``classifier``)."""
+    for name in _HEAD_NAMES:
+        head = getattr(model, name, None)
+        if isinstance(head, nn.Module):
+            return head
+    raise TypeError(
+        f"{type(model).__name__} has no value head attribute (looked for {list(_HEAD_NAMES)}); "
+        "load the critic with stages.engines.models.load_value_model"
+    )
+
+
+class ValueModel(nn.Module):
+    """A token-classification model whose ``forward`` returns the (B, R) response values.
+
+    ``backbone`` is the whole Hugging Face ``*ForTokenClassification`` model (base model + one-output
+    head, what :func:`~stages.engines.models.load_value_model` returns, and what is exported). The
+    head's dropout is skipped (verl sets ``classifier_dropout = 0`` for the critic), so the values do
+    not depend on train/eval mode; only the R response-aligned hidden states go through the head.
+    """
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        num_labels = getattr(getattr(backbone, "config", None), "num_labels", None)
+        if num_labels != 1:
+            raise ValueError(
+                f"the critic backbone must have exactly one output label (a scalar value), got "
+                f"num_labels={num_labels!r}; load it with load_value_model (num_labels=1)"
+            )
+        value_head(backbone)  # fail early on a model without a head
+        self.backbone = backbone
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, response_length: int
+    ) -> Tensor:
+        """(B, T) inputs → (B, R) float32 values V(s_t) for the R response positions."""
+        total = input_ids.shape[1]
+        if not 0 < response_length < total:
+            raise ValueError(
+                f"response_length must be in 1..{total - 1} for sequences of {total} tokens, "
+                f"got {response_length}"
+            )
+        hidden = self.backbone.base_model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        ).last_hidden_state  # (B, T, H)
+        hidden = hidden[:, total - response_length - 1 : total - 1]  # (B, R, H)
+        return value_head(self.backbone)(hidden).squeeze(-1).float()  # (B, R)
+
+
+def require_keys(tensors: TensorDict, needed: Iterable[str], where: str) -> None:
+    """KeyError naming the first key of ``needed`` missing from the batch's tensor layer."""
+    present = set(tensors.keys())
+    for key in needed:
+        if key not in present:
+            raise KeyError(
+                f"{where} needs the batch key {key!r}, which is missing; the batch has "
+                f"{sorted(present)}"
+            )
+
+
+def _forward_values(model, batch: TensorDict) -> Tensor:
+    """``model``: a :class:`ValueModel`, or the DeepSpeed engine wrapping one."""
+    return model(
+        batch[keys.INPUT_IDS],
+        batch[keys.ATTENTION_MASK],
+        batch[keys.POSITION_IDS],
+        batch[keys.RESPONSES].shape[1],
+    )
+
+
+@torch.no_grad()
+def compute_values(model, batch: DataProto, micro: MicroBatching) -> DataProto:
+    """(B, R) values of the responses, micro-batched, in the batch's original row order.
+
+    Returns a delta DataProto with ``values`` (float32; entries at response padding are computed
+    like any other and masked by the callers with ``response_mask``).
+    """
+    tensors = batch.batch
+    require_keys(tensors, FORWARD_KEYS, "compute_values")
+    plan = micro.plan(tensors[keys.ATTENTION_MASK])
+    values = restore_order([_forward_values(model, tensors[idx]) for idx in plan], plan)
+    return DataProto(
+        batch=TensorDict({keys.VALUES: values}, batch_size=[len(values)]), meta_info={}
+    )
+
+
+def update_critic(
+    engine, batch: DataProto, settings: PPOUpdateSettings, loss_config: Any
+) -> dict[str, Metric]:
+    """The clipped value update: ``epochs`` × mini-batches, one optimizer step each.
+
+    loss_config: ``cliprange_value`` and ``loss_agg_mode`` (:class:`ValueLossSettings`, a mapping, or
+    the critic config); absent fields take verl's defaults. Each micro-batch's loss
+    (``compute_value_loss``: ½·agg(max((v−R)², (v_clip−R)²)) under the mini-batch's global
+    denominators) is a partial sum, so gradients accumulate unscaled and the step follows the last
+    micro-batch. Metrics per optimizer step, then averaged over steps: ``critic/vf_loss`` (summed
+    over micro-batches = the mini-batch loss), ``critic/vf_clipfrac`` and ``critic/vpred_mean``
+    (means over micro-batches), ``critic/grad_norm`` and ``critic/lr``.
+    """
+    tensors = batch.batch
+    require_keys(tensors, FORWARD_KEYS + UPDATE_KEYS, "update_critic")
+    loss_settings = ValueLossSettings(**read_settings(loss_config, ValueLossSettings))
+    metrics: dict[str, Metric] = {}
+    for rows in mini_batch_indices(
+        len(tensors), settings.mini_batch_size, settings.epochs, settings.shuffle, settings.seed
+    ):
+        mini = tensors[rows]
+        info = global_batch_info(mini[keys.RESPONSE_MASK], settings.loss_scale_factor)
+        plan = settings.micro.plan(mini[keys.ATTENTION_MASK])
+        step_metrics: dict[str, list[Tensor]] = {}
+        for position, idx in enumerate(plan):
+            engine.set_gradient_accumulation_boundary(position == len(plan) - 1)
+            micro = mini[idx]
+            vpreds = _forward_values(engine, micro)  # (b, R)
+            mask = micro[keys.RESPONSE_MASK]
+            vf_loss, vf_clipfrac = compute_value_loss(
+                vpreds,
+                micro[keys.RETURNS],
+                micro[keys.VALUES],
+                mask,
+                loss_settings.cliprange_value,
+                loss_settings.loss_agg_mode,
+                **info.as_kwargs(),
+            )
+            engine.backward(vf_loss, scale_wrt_gas=False)
+            step_metrics.setdefault("critic/vf_loss", []).append(vf_loss.detach())
+            step_metrics.setdefault("critic/vf_clipfrac", []).append(vf_clipfrac)
+            step_metrics.setdefault("critic/vpred_mean", []).append(
+                masked_mean(vpreds.detach(), mask)
+            )
+        grad_norm = optimizer_step(engine)
+        # vf_loss partials add up to the mini-batch loss: pre-summed, record_step's mean keeps it
+        step_metrics["critic/vf_loss"] = [torch.stack(step_metrics["critic/vf_loss"]).sum()]
+        record_step(metrics, step_metrics, engine, grad_norm, prefix="critic")
+    return metrics

@@ -1,0 +1,195 @@
+"""The role workers the flow calls: actor (log-probs, PPO update, HF rollouts) and reference.
+
+One instance per data-parallel rank, built from the run config (``stages.config.PPORunConfig``)
+inside the rank's process; a worker group (``worker_group``) dispatches DataProto batches to
+them. Every method takes and returns a DataProto; metrics travel in ``meta_info["metrics"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+
+from dataproto import DataProto, keys
+from stages.engines.actor import PPOUpdateSettings, compute_log_prob, update_actor
+from stages.engines.batching import MicroBatching
+from stages.engines.deepspeed_setup import EngineSettings, initialize_engine, step_lr_schedule
+from stages.engines.logprob import ResponseLogProbModel
+from stages.engines.models import load_causal_lm
+from stages.engines.rollout_hf import SamplingSettings, generate_sequences
+
+
+def engine_settings(
+    role_cfg: Any, optim: Any, dtype: str, total_training_steps: int
+) -> EngineSettings:
+    """EngineSettings from an actor/critic config slice and its ``optim`` block."""
+    return EngineSettings(
+        zero_stage=role_cfg.zero_stage,
+        dtype=dtype,
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        betas=tuple(optim.betas),
+        clip_grad=optim.clip_grad,
+        lr_scheduler=optim.lr_scheduler_type,
+        warmup_steps=optim.warmup_steps(total_training_steps),
+        total_steps=total_training_steps,
+        min_lr_ratio=optim.min_lr_ratio,
+        offload_optimizer=role_cfg.optimizer_offload,
+        offload_param=role_cfg.param_offload,
+    )
+
+
+def log_prob_micro_batching(cfg: Any) -> MicroBatching:
+    """The micro-batching of a log-prob pass from rollout.* / ref.* ``log_prob_*`` keys."""
+    return MicroBatching(
+        micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
+        use_dynamic_bsz=bool(cfg.log_prob_use_dynamic_bsz),
+        max_token_len=cfg.log_prob_max_token_len_per_gpu or 16384,
+    )
+
+
+def sampling_settings(config: Any, tokenizer: Any, *, validate: bool) -> SamplingSettings:
+    """Rollout sampling from rollout.* (training) or rollout.val_kwargs.* (validation)."""
+    rollout = config.actor_rollout_ref.rollout
+    source = rollout.val_kwargs if validate else rollout
+    return SamplingSettings(
+        response_length=rollout.response_length,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        temperature=source.temperature if source.do_sample else 1.0,
+        top_p=source.top_p,
+        top_k=source.top_k,
+        do_sample=source.do_sample,
+        max_batch_rows=rollout.max_num_seqs,
+    )
+
+
+def with_metrics(batch: DataProto | None, metrics: dict[str, Any]) -> DataProto:
+    out = batch if batch is not None else DataProto(batch=None, non_tensor_batch={}, meta_info={})
+    out.meta_info["metrics"] = metrics
+    return out
+
+
+class ActorWorker:
+    """The policy on a DeepSpeed engine: ``compute_log_prob``, ``update_actor``, HF rollouts."""
+
+    def __init__(self, config: Any, *, total_training_steps: int) -> None:
+        from stages.data.tokenizer import load_tokenizer
+
+        self.config = config
+        model_cfg, actor = config.actor_rollout_ref.model, config.actor_rollout_ref.actor
+        lm = load_causal_lm(
+            model_cfg.path,
+            dtype=model_cfg.dtype,
+            attn_implementation=model_cfg.attn_implementation,
+            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+            trust_remote_code=model_cfg.trust_remote_code,
+        )
+        self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path)
+        settings = engine_settings(actor, actor.optim, model_cfg.dtype, total_training_steps)
+        self.engine = initialize_engine(ResponseLogProbModel(lm), settings)
+        self.update_settings = PPOUpdateSettings(
+            mini_batch_size=config.derived.actor_mini_batch_size_per_rank,
+            epochs=actor.ppo_epochs,
+            shuffle=actor.shuffle,
+            seed=actor.data_loader_seed + _rank(),
+            micro=MicroBatching(
+                actor.ppo_micro_batch_size_per_gpu,
+                actor.use_dynamic_bsz,
+                actor.ppo_max_token_len_per_gpu,
+            ),
+            loss_scale_factor=actor.loss_scale_factor,
+        )
+
+    @property
+    def lm(self) -> torch.nn.Module:
+        """The Hugging Face model inside the engine (generation, export, weight sync)."""
+        return self.engine.module.lm
+
+    def compute_log_prob(self, batch: DataProto) -> DataProto:
+        """Delta: ``old_log_probs`` (B, R) and ``entropys`` (B, R) at meta_info temperature."""
+        self.engine.eval()
+        try:
+            delta, _ = compute_log_prob(
+                self.engine,
+                batch,
+                log_prob_micro_batching(self.config.actor_rollout_ref.rollout),
+                calculate_entropy=True,
+            )
+        finally:
+            self.engine.train()
+        return delta
+
+    def update_actor(self, batch: DataProto) -> DataProto:
+        """One training step's PPO update; metrics (``actor/*``) in meta_info; then the lr
+        schedule advances by one step."""
+        actor = self.config.actor_rollout_ref.actor
+        needs_entropy = actor.entropy_coeff != 0 or actor.calculate_entropy
+        metrics = update_actor(
+            self.engine, batch, self.update_settings, actor, needs_entropy=needs_entropy
+        )
+        step_lr_schedule(self.engine)
+        return with_metrics(None, metrics)
+
+    def generate_sequences(self, prompts: DataProto, validate: bool = False) -> DataProto:
+        """HF rollouts on the actor's module (``rollout_hf``): one response per prompt row."""
+        settings = sampling_settings(self.config, self.tokenizer, validate=validate)
+        with self._full_parameters():
+            return generate_sequences(self.lm, prompts, settings)
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """(name, full tensor) of every HF parameter, for syncing an external rollout engine."""
+        with self._full_parameters():
+            for name, param in self.lm.named_parameters():
+                yield name, param.detach()
+
+    @contextmanager
+    def _full_parameters(self):
+        """ZeRO-3 keeps 1/d of each parameter per rank: gather them for generation / export."""
+        if self.engine.zero_optimization_stage() == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.lm.parameters())):
+                yield
+        else:
+            yield
+
+
+class RefWorker:
+    """The frozen reference policy: ``compute_ref_log_prob`` only, no optimizer state."""
+
+    def __init__(self, config: Any) -> None:
+        model_cfg, ref = config.actor_rollout_ref.model, config.actor_rollout_ref.ref
+        lm = load_causal_lm(
+            model_cfg.path,
+            dtype=model_cfg.dtype,
+            attn_implementation=model_cfg.attn_implementation,
+            trust_remote_code=model_cfg.trust_remote_code,
+        )
+        self.config = config
+        self.model = initialize_engine(
+            ResponseLogProbModel(lm),
+            EngineSettings(zero_stage=ref.zero_stage, dtype=model_cfg.dtype),
+            trainable=False,
+        )
+
+    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        """Delta: ``ref_log_prob`` (B, R) at meta_info temperature."""
+        delta, _ = compute_log_prob(
+            self.model, batch, log_prob_micro_batching(self.config.actor_rollout_ref.ref)
+        )
+        logprobs = delta.batch[keys.OLD_LOG_PROBS]
+        return DataProto(
+            batch=TensorDict({keys.REF_LOG_PROB: logprobs}, batch_size=[len(logprobs)]),
+            non_tensor_batch={},
+            meta_info={},
+        )
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
