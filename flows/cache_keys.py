@@ -1,0 +1,178 @@
+"""Stage cache keys: what a stage's output really depends on, hashed the same in every process.
+
+A stage's cache key is
+
+    sha256( canonical_json({
+        "format":  "ppoflow-stage-key-v1",
+        "stage":   stage.name,
+        "version": stage.version,
+        "config":  {dotted path: value, for every path in stage.config_keys},
+        "inputs":  {"<layer>.<key>": key fingerprint, for every key in stage.requires},
+        "weights": the caller's weights fingerprint (reads_weights stages) or null,
+    }) )
+
+``canonical_json`` sorts keys and drops whitespace, so the key depends on values only, never on
+dict order, object ids or Python's per-process ``hash()`` salt. The global step is not part of it:
+a stage whose output depends on the step must require a key that holds it (``meta.global_steps``).
+
+Key fingerprints (lineage, no tensor hashing). Every key of a step batch comes from an artifact:
+the step's input batch (``step_<k>/input``) or a stage's delta (``step_<k>/<stage>``). An
+artifact's fingerprint is the sha256 of its content (``dataproto/fingerprint.py``), computed while
+it is written. The fingerprint of key ``k`` is ``sha256("ppoflow-key-v1" | artifact fingerprint |
+layer | k)``, so
+
+* equal content gives equal fingerprints (a cache hit reproduces them exactly, in any process);
+* a changed value changes its artifact's fingerprint and hence the key's: a stale input is never
+  taken for a fresh one;
+* it costs nothing beyond the hashing the artifact write does anyway, and never copies a tensor off
+  the GPU. The price is granularity: a change to one key of a delta also changes the
+  fingerprints of its sibling keys, so a stage reading only an unchanged sibling re-runs too
+  (a conservative miss, never a wrong hit).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from dataproto.fingerprint import canonical_json
+from stages.stage import KeyRef, Stage
+
+KEY_FORMAT = "ppoflow-stage-key-v1"
+KEY_FINGERPRINT_FORMAT = "ppoflow-key-v1"
+
+
+def config_value(config: Any, dotted: str) -> Any:
+    """The value at a dotted path (``"algorithm.gamma"``) of a pydantic model, object or mapping.
+
+    Each segment is read as a mapping item when the node is a Mapping, else as an attribute
+    (properties such as ``cfg.derived.use_critic`` work).
+
+    >>> config_value({"algorithm": {"gamma": 1.0}}, "algorithm.gamma")
+    1.0
+    """
+    node = config
+    for depth, segment in enumerate(dotted.split(".")):
+        where = ".".join(dotted.split(".")[:depth]) or "<config root>"
+        if isinstance(node, Mapping):
+            if segment not in node:
+                raise KeyError(
+                    f"config path {dotted!r}: {where} has no key {segment!r} "
+                    f"(it has {sorted(map(str, node))})"
+                )
+            node = node[segment]
+        elif hasattr(node, segment):
+            node = getattr(node, segment)
+        else:
+            raise KeyError(
+                f"config path {dotted!r}: {where} ({type(node).__name__}) has no field {segment!r}"
+            )
+    return node
+
+
+def jsonable(value: Any, where: str = "value") -> Any:
+    """``value`` as canonical JSON data: pydantic models dumped, tuples as lists, paths as str.
+
+    Non-finite floats become tagged objects (``{"float": "nan"}``) because JSON has no NaN.
+
+    >>> jsonable((1, float("inf"), {"b": None}))
+    [1, {'float': 'inf'}, {'b': None}]
+    """
+    if hasattr(value, "model_dump") and callable(value.model_dump):
+        return jsonable(value.model_dump(mode="json"), where)
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value, where)
+    if isinstance(value, np.generic):
+        return jsonable(value.item(), where)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Mapping):
+        return {str(key): jsonable(item, f"{where}.{key}") for key, item in value.items()}
+    if isinstance(value, list | tuple | frozenset | set):
+        items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
+        return [jsonable(item, f"{where}[{i}]") for i, item in enumerate(items)]
+    raise TypeError(
+        f"{where} is a {type(value).__name__}, which has no canonical JSON form; cache keys need "
+        "plain config values (numbers, strings, lists, mappings, pydantic models)"
+    )
+
+
+def config_slice(config: Any, paths: Iterable[str]) -> dict[str, Any]:
+    """{dotted path: canonical value} for the config values a stage reads.
+
+    >>> config_slice({"a": {"b": (1, 2)}, "c": 3}, ["a.b"])
+    {'a.b': [1, 2]}
+    """
+    return {path: jsonable(config_value(config, path), f"config {path!r}") for path in paths}
+
+
+def key_fingerprint(artifact_fingerprint: str, key: KeyRef) -> str:
+    """The lineage fingerprint of one key held by an artifact (module docstring).
+
+    >>> from stages.stage import tensor
+    >>> key_fingerprint("ab" * 32, tensor("x")) != key_fingerprint("ab" * 32, tensor("y"))
+    True
+    """
+    text = f"{KEY_FINGERPRINT_FORMAT}\n{artifact_fingerprint}\n{key.layer}\n{key.name}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def artifact_key_fingerprints(
+    artifact_fingerprint: str, keys: Iterable[KeyRef]
+) -> dict[KeyRef, str]:
+    """{key: fingerprint} for every key an artifact holds."""
+    return {key: key_fingerprint(artifact_fingerprint, key) for key in keys}
+
+
+def stage_cache_key(
+    stage: Stage,
+    config: Any,
+    input_fingerprints: Mapping[KeyRef, str],
+    weights_fingerprint: str | None = None,
+) -> str:
+    """The stage's cache key (formula in the module docstring), a 64-hex-digit sha256.
+
+    Args:
+        input_fingerprints: fingerprint of (at least) every key in ``stage.requires``.
+        weights_fingerprint: required for ``reads_weights`` stages, refused for the others.
+
+    Raises:
+        KeyError: a required key has no fingerprint (names the stage and key).
+        ValueError: the weights fingerprint is missing for a weight-reading stage, or given to
+            a stage that reads no weights.
+    """
+    missing = [str(key) for key in stage.requires if key not in input_fingerprints]
+    if missing:
+        raise KeyError(
+            f"stage {stage.name!r}: no fingerprint for required keys {missing}; every input key "
+            "must come from the step's input artifact or an upstream stage's artifact"
+        )
+    if stage.reads_weights and not weights_fingerprint:
+        raise ValueError(
+            f"stage {stage.name!r} reads weights, so its cache key needs a weights fingerprint; "
+            f"got {weights_fingerprint!r}"
+        )
+    if not stage.reads_weights and weights_fingerprint is not None:
+        raise ValueError(
+            f"stage {stage.name!r} declares reads_weights=False but got a weights fingerprint "
+            f"{weights_fingerprint[:16]!r}…; declare reads_weights=True or pass None"
+        )
+    document = {
+        "format": KEY_FORMAT,
+        "stage": stage.name,
+        "version": stage.version,
+        "config": config_slice(config, stage.config_keys),
+        "inputs": {str(key): input_fingerprints[key] for key in stage.requires},
+        "weights": weights_fingerprint,
+    }
+    return hashlib.sha256(canonical_json(document).encode()).hexdigest()

@@ -1,0 +1,282 @@
+"""The run directory: artifacts per (step, stage), a journal per step, the resolved config.
+
+Layout (``root`` is a local path or any fsspec URL)::
+
+    <root>/config.json                 the resolved run config (JSON)
+    <root>/step_<k>/input/             the step's input batch (an artifact)
+    <root>/step_<k>/<stage>/           each stage's delta (an artifact, dataproto/artifact.py)
+    <root>/step_<k>/journal.json       what happened in step k (StepJournal below)
+    <root>/cache/                      Prefect's cache records (local roots; see RunStore)
+
+The journal is rewritten after every stage, so an interrupted step leaves a journal whose
+``status`` is ``"running"`` and which lists the stages finished so far. Each stage record says
+whether the stage ran, was taken from the cache, or was skipped (and why), with its artifact path,
+fingerprint, cache key, size, time and the metrics it reported. ``ppoflow inspect`` reads it.
+
+Journal and config files are written atomically on a local disk (temp file + ``os.replace``);
+on other fsspec stores each is one ``pipe_file`` call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from dataproto.artifact import ArtifactRef, save_artifact
+from flows.cache_keys import jsonable
+
+Status = Literal["ran", "cached", "skipped"]
+STATUSES = ("ran", "cached", "skipped")
+CONFIG_FILE = "config.json"
+JOURNAL_FILE = "journal.json"
+INPUT_NAME = "input"
+_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+
+
+# --- metric values in JSON ---------------------------------------------------------------------
+
+
+def encode_metrics(metrics: dict[str, Any], where: str = "metrics") -> dict[str, Any]:
+    """Scalar metrics as JSON values; NaN and ±inf become ``{"float": "nan"}`` (JSON has none).
+
+    >>> encode_metrics({"a": 1, "b": float("nan")})
+    {'a': 1.0, 'b': {'float': 'nan'}}
+    """
+    out = {}
+    for name, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{where}: metric {name!r} is {type(value).__name__} {value!r:.80}; a metric must "
+                "be one scalar (reduce lists before reporting them)"
+            ) from None
+        out[str(name)] = number if math.isfinite(number) else {"float": repr(number)}
+    return out
+
+
+def decode_metrics(encoded: dict[str, Any]) -> dict[str, float]:
+    """Inverse of :func:`encode_metrics`.
+
+    >>> decode_metrics({"a": 1.0, "b": {"float": "-inf"}})
+    {'a': 1.0, 'b': -inf}
+    """
+    return {
+        name: float(value["float"]) if isinstance(value, dict) else float(value)
+        for name, value in encoded.items()
+    }
+
+
+# --- journal records ---------------------------------------------------------------------------
+
+
+@dataclass
+class StageRecord:
+    """What happened to one stage in one step.
+
+    status: ``ran`` (computed), ``cached`` (artifact reused, no stage work) or ``skipped``.
+    reason: why (``"cache miss"``, ``"cache hit"``, ``"disabled: …"``, ``"recomputed: …"``).
+    artifact / fingerprint / rows / nbytes: the delta's artifact (None when skipped).
+    cache_key: the stage's cache key (flows/cache_keys.py).
+    timing_s: wall time of the stage in this step, loading a cached artifact included.
+    metrics: the metrics the stage reported (stored with its artifact, so a hit restores them).
+    """
+
+    stage: str
+    status: Status
+    reason: str
+    artifact: str | None = None
+    fingerprint: str | None = None
+    cache_key: str | None = None
+    rows: int | None = None
+    nbytes: int | None = None
+    timing_s: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"stage {self.stage!r}: status {self.status!r}, expected {STATUSES}")
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["metrics"] = encode_metrics(self.metrics, f"stage {self.stage!r}")
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StageRecord:
+        return cls(**{**data, "metrics": decode_metrics(data.get("metrics", {}))})
+
+
+@dataclass
+class StepJournal:
+    """The record of one step: its input artifact, every stage's record, the step's metrics."""
+
+    step: int
+    status: Literal["running", "done"] = "running"
+    input_artifact: str | None = None
+    input_fingerprint: str | None = None
+    stages: list[StageRecord] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def record(self, name: str) -> StageRecord:
+        """The record of stage ``name``; ``KeyError`` listing the recorded stages otherwise."""
+        for record in self.stages:
+            if record.stage == name:
+                return record
+        raise KeyError(
+            f"step {self.step} has no record of stage {name!r} "
+            f"(recorded: {[r.stage for r in self.stages]})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "status": self.status,
+            "input_artifact": self.input_artifact,
+            "input_fingerprint": self.input_fingerprint,
+            "stages": [record.to_json() for record in self.stages],
+            "metrics": encode_metrics(self.metrics, f"step {self.step}"),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepJournal:
+        return cls(
+            step=int(data["step"]),
+            status=data["status"],
+            input_artifact=data["input_artifact"],
+            input_fingerprint=data["input_fingerprint"],
+            stages=[StageRecord.from_json(record) for record in data["stages"]],
+            metrics=decode_metrics(data["metrics"]),
+        )
+
+
+# --- the store ---------------------------------------------------------------------------------
+
+
+def _default_cache_dir(url: str, local_root: str | None) -> Path:
+    """``<root>/cache`` for a local run; for a remote run a local dir named after its URL."""
+    if local_root is not None:
+        return Path(local_root) / "cache"
+    base = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
+    return base / "ppoflow-cache" / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+class RunStore:
+    """One run's directory (module docstring) on a local disk or an fsspec filesystem.
+
+    Args:
+        root: the run directory, a local path or an fsspec URL (``memory://run``, ``s3://b/run``).
+        cache_dir: where Prefect keeps the stage-task cache records (small pickled
+            ArtifactRefs). It must be a local path (Prefect's result storage needs a persisted
+            block for anything else). Default: ``<root>/cache`` for a local root; for a remote
+            root, ``$PREFECT_HOME/ppoflow-cache/<sha256(url)[:16]>``. A re-run branch passes the
+            parent run's ``cache_dir`` so it hits the parent's artifacts.
+    """
+
+    def __init__(self, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
+        url = os.fspath(root)
+        self.fs, path = fsspec.core.url_to_fs(url)
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.root = os.path.abspath(path) if self.is_local else url.rstrip("/")
+        self._fs_root = self.root if self.is_local else path.rstrip("/")
+        self.cache_dir = (
+            Path(cache_dir)
+            if cache_dir is not None
+            else (_default_cache_dir(self.root, self.root if self.is_local else None))
+        )
+
+    def __repr__(self) -> str:
+        return f"RunStore({self.root!r}, cache_dir={str(self.cache_dir)!r})"
+
+    # --- paths ---
+
+    def step_dir(self, step: int) -> str:
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        return f"{self.root}/step_{step}"
+
+    def artifact_path(self, step: int, stage: str) -> str:
+        """``<root>/step_<k>/<stage>``: where stage ``stage`` of step ``step`` keeps its delta."""
+        if not _SEGMENT.fullmatch(stage) or stage == INPUT_NAME:
+            raise ValueError(
+                f"stage name {stage!r} cannot name an artifact folder; use letters, digits, "
+                f"'_', '.', '-' (not starting with '.' or '-') and not {INPUT_NAME!r}"
+            )
+        return f"{self.step_dir(step)}/{stage}"
+
+    def input_path(self, step: int) -> str:
+        return f"{self.step_dir(step)}/{INPUT_NAME}"
+
+    def steps(self) -> list[int]:
+        """The steps that have a journal, in increasing order."""
+        if not self.fs.exists(self._fs_root):
+            return []
+        found = []
+        for entry in self.fs.ls(self._fs_root, detail=False):
+            name = entry.rstrip("/").rsplit("/", 1)[-1]
+            if re.fullmatch(r"step_\d+", name) and self.fs.exists(f"{entry}/{JOURNAL_FILE}"):
+                found.append(int(name.removeprefix("step_")))
+        return sorted(found)
+
+    # --- files ---
+
+    def _fs_path(self, url: str) -> str:
+        return url if self.is_local else self._fs_root + url[len(self.root) :]
+
+    def _write_text(self, url: str, text: str) -> None:
+        target = self._fs_path(url)
+        if not self.is_local:
+            self.fs.pipe_file(target, text.encode())
+            return
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        handle, temp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".tmp-")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                out.write(text)
+            os.replace(temp, target)
+        except BaseException:
+            if os.path.exists(temp):
+                os.remove(temp)
+            raise
+
+    def _read_json(self, url: str, what: str) -> Any:
+        target = self._fs_path(url)
+        if not self.fs.exists(target):
+            raise FileNotFoundError(f"{url}: no {what} (is {self.root!r} a ppoflow run directory?)")
+        return json.loads(self.fs.cat_file(target))
+
+    # --- contents ---
+
+    def save_config(self, config: Any) -> str:
+        """Write the resolved config (pydantic model or mapping) as ``<root>/config.json``."""
+        url = f"{self.root}/{CONFIG_FILE}"
+        self._write_text(url, json.dumps(jsonable(config, "config"), indent=1, sort_keys=True))
+        return url
+
+    def load_config(self) -> dict[str, Any]:
+        """The config saved by :meth:`save_config`, as plain JSON data."""
+        return self._read_json(f"{self.root}/{CONFIG_FILE}", "config.json")
+
+    def save_input(self, step: int, batch: Any) -> ArtifactRef:
+        """Write the step's input batch as the artifact ``step_<k>/input`` (replacing one there)."""
+        return save_artifact(batch, self.input_path(step), stage=INPUT_NAME, overwrite=True)
+
+    def write_journal(self, journal: StepJournal) -> str:
+        url = f"{self.step_dir(journal.step)}/{JOURNAL_FILE}"
+        self._write_text(url, json.dumps(journal.to_json(), indent=1))
+        return url
+
+    def read_journal(self, step: int) -> StepJournal:
+        return StepJournal.from_json(
+            self._read_json(f"{self.step_dir(step)}/{JOURNAL_FILE}", f"journal for step {step}")
+        )

@@ -1,0 +1,311 @@
+"""One stage of one step as a cached Prefect task whose cached value is a small ArtifactRef.
+
+:func:`run_stage` is what the step flow calls for every enabled stage:
+
+1. check that the batch holds the stage's ``requires`` and select only those keys;
+2. compute the cache key (flows/cache_keys.py) from the stage's name, version, config values,
+   the fingerprints of its input keys and, for a weight-reading stage, the weights fingerprint;
+3. call the stage's Prefect task (:func:`stage_task`) with that key. Prefect looks the key up in
+   the cache records under ``RunStore.cache_dir``; on a miss the task body (:func:`compute_stage`)
+   calls ``stage.fn``, checks the delta holds exactly ``produces``, and writes the artifact
+   ``<run>/step_<k>/<stage>/`` with the stage's metrics and cache key in its manifest. The task
+   returns (and Prefect caches) only the :class:`ArtifactRef`, never tensors;
+4. on a miss the step goes on with the delta just computed (no re-read). A hit does no stage
+   work: the artifact is loaded, the delta memory-mapped and the metrics taken from the
+   manifest. A cached artifact that is missing, truncated, altered (``verify="full"`` hashes
+   every file) or overwritten since (fingerprint or cache key differ) is recomputed with
+   ``refresh_cache`` and never used.
+
+The stage's wall time, loading included, is reported as ``timing_s/<timer>`` with verl's timer
+names (:data:`TIMER_NAMES`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+from prefect import Task, task
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
+from prefect.utilities.annotations import quote
+
+from dataproto.artifact import (
+    ArtifactError,
+    ArtifactRef,
+    Verify,
+    load_artifact,
+    read_manifest,
+    save_artifact,
+)
+from dataproto.protocol import DataProto
+from flows.cache_keys import artifact_key_fingerprints, config_slice, stage_cache_key
+from flows.dag import batch_keys
+from flows.run_store import RunStore, StageRecord, decode_metrics, encode_metrics
+from stages.stage import KeyRef, Stage, StageContext
+
+#: stage name → verl timer name (``timing_s/<timer>``); other stages time under their own name
+TIMER_NAMES = {"rollout": "gen", "ref_log_prob": "ref", "advantage": "adv"}
+
+
+def timer_name(stage_name: str) -> str:
+    """verl's timer name of a stage.
+
+    >>> timer_name("ref_log_prob"), timer_name("update_actor")
+    ('ref', 'update_actor')
+    """
+    return TIMER_NAMES.get(stage_name, stage_name)
+
+
+def _log() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
+# --- the stage call ----------------------------------------------------------------------------
+
+
+def select_inputs(stage: Stage, batch: DataProto) -> DataProto:
+    """The batch reduced to the stage's required keys (tensors shared, not copied)."""
+    wanted = {
+        layer: [k.name for k in stage.requires if k.layer == layer]
+        for layer in ("batch", "non_tensor_batch", "meta_info")
+    }
+    tensor_keys = wanted["batch"] if batch.batch is not None else None
+    return batch.select(tensor_keys, wanted["non_tensor_batch"], wanted["meta_info"])
+
+
+def check_delta(stage: Stage, delta: Any, rows: int) -> None:
+    """Raise unless ``delta`` is a DataProto holding exactly ``stage.produces``, with ``rows`` rows.
+
+    A delta without rows (meta_info only) passes the row check.
+    """
+    if not isinstance(delta, DataProto):
+        raise TypeError(
+            f"stage {stage.name!r} returned {type(delta).__name__}; a stage returns a DataProto "
+            "holding exactly the keys it produces"
+        )
+    got, declared = batch_keys(delta), set(stage.produces)
+    undeclared = sorted(map(str, got - declared))
+    missing = sorted(map(str, declared - got))
+    if undeclared or missing:
+        raise ValueError(
+            f"stage {stage.name!r} returned a delta that does not match its declaration: "
+            f"undeclared keys {undeclared}, missing declared keys {missing}; "
+            f"produces is {sorted(map(str, declared))}"
+        )
+    has_rows = delta.batch is not None or bool(delta.non_tensor_batch)
+    if has_rows and len(delta) != rows:
+        raise ValueError(
+            f"stage {stage.name!r} returned {len(delta)} rows for an input of {rows} rows; a "
+            "delta keeps the batch's rows (repeat the batch before the step, not inside a stage)"
+        )
+
+
+def compute_stage(
+    stage: Stage,
+    inputs: DataProto,
+    ctx: StageContext,
+    path: str,
+    cache_key: str,
+    sink: dict[str, Any] | None = None,
+) -> ArtifactRef:
+    """Call ``stage.fn``, check its delta, and write it with its metrics as the artifact ``path``.
+
+    The stage gets a copy of ``ctx`` whose ``metrics`` holds the step's metrics so far; what it
+    adds (or replaces) there is its own metrics, stored in the manifest's ``extra``. When
+    ``sink`` is given it receives ``delta`` and ``metrics`` (the in-memory results).
+    """
+    before = dict(ctx.metrics)
+    stage_ctx = replace(ctx, metrics=dict(before))
+    delta = stage.fn(inputs, stage_ctx)
+    check_delta(stage, delta, len(inputs))
+    added = {
+        name: value
+        for name, value in stage_ctx.metrics.items()
+        if name not in before or value is not before[name]
+    }
+    extra = {"cache_key": cache_key, "metrics": encode_metrics(added, f"stage {stage.name!r}")}
+    ref = save_artifact(
+        delta,
+        path,
+        stage=stage.name,
+        stage_version=str(stage.version),
+        config=config_slice(ctx.config, stage.config_keys),
+        extra=extra,
+        overwrite=True,
+    )
+    if sink is not None:
+        sink.update(delta=delta, metrics=decode_metrics(extra["metrics"]))
+    return ref
+
+
+# --- the Prefect task --------------------------------------------------------------------------
+
+
+def _key_from_parameters(_context: Any, parameters: dict[str, Any]) -> str:
+    return parameters["cache_key"]
+
+
+def _task_body(
+    stage: Stage,
+    inputs: DataProto,
+    ctx: StageContext,
+    path: str,
+    cache_key: str,
+    step: int,
+    sink: dict[str, Any],
+) -> ArtifactRef:
+    """The task body: compute and save; ``sink`` gets the delta so a miss needs no re-read."""
+    return compute_stage(stage, inputs, ctx, path, cache_key, sink)
+
+
+@functools.lru_cache(maxsize=256)
+def _make_task(name: str, cache_dir: str, retries: int) -> Task:
+    return task(
+        _task_body,
+        name=name,
+        task_run_name=name + "-step{step}",
+        cache_key_fn=_key_from_parameters,
+        persist_result=True,
+        result_storage=Path(cache_dir),
+        retries=retries,
+    )
+
+
+def stage_task(stage: Stage, cache_dir: str | Path, retries: int = 0) -> Task:
+    """The Prefect task of ``stage``: cached by the ``cache_key`` parameter, result an ArtifactRef.
+
+    Cache records (pickled ArtifactRefs named by the key) live in ``cache_dir``. ``retries`` is
+    for idempotent stages only: a weight-writing stage (an optimizer step) is never retried.
+    """
+    if retries and stage.writes_weights:
+        raise ValueError(
+            f"stage {stage.name!r} writes weights; retrying it could apply an update twice, so "
+            f"retries must be 0 (got {retries})"
+        )
+    return _make_task(stage.name, str(Path(cache_dir).absolute()), int(retries))
+
+
+# --- one stage in the step ---------------------------------------------------------------------
+
+
+@dataclass
+class StageOutcome:
+    """What :func:`run_stage` hands back to the step flow."""
+
+    delta: DataProto
+    record: StageRecord
+    fingerprints: dict[KeyRef, str]
+
+
+def load_delta(
+    ref: ArtifactRef, cache_key: str, verify: Verify
+) -> tuple[DataProto, dict[str, float]]:
+    """The delta and metrics of the artifact ``ref``, after checking it is what ``ref`` names.
+
+    Raises:
+        ArtifactError: the artifact is missing, damaged, or was overwritten by other content.
+    """
+    manifest = read_manifest(ref.path)
+    extra = manifest.get("extra") or {}
+    if manifest["fingerprint"] != ref.fingerprint or extra.get("cache_key") != cache_key:
+        raise ArtifactError(
+            f"{ref.path}: holds fingerprint {manifest['fingerprint'][:16]}… for cache key "
+            f"{str(extra.get('cache_key'))[:16]}…, but the cache record expects "
+            f"{ref.fingerprint[:16]}… for {cache_key[:16]}… (the artifact was overwritten)"
+        )
+    return load_artifact(ref.path, verify=verify), decode_metrics(extra.get("metrics", {}))
+
+
+def _call(
+    stage: Stage,
+    inputs: DataProto,
+    ctx: StageContext,
+    path: str,
+    key: str,
+    step: int,
+    cache_dir: Path,
+    refresh: bool,
+    retries: int,
+) -> tuple[ArtifactRef, tuple[DataProto, dict[str, float]] | None]:
+    """(the ArtifactRef, the in-memory delta and metrics when the task body ran, else None)."""
+    prefect_task = stage_task(stage, cache_dir, retries)
+    if refresh:
+        prefect_task = prefect_task.with_options(refresh_cache=True)
+    sink: dict[str, Any] = {}
+    state = prefect_task(
+        quote(stage), quote(inputs), quote(ctx), path, key, step, quote(sink), return_state=True
+    )
+    ref = state.result()  # re-raises the stage's exception when the task failed
+    if state.name == "Cached" or "delta" not in sink:
+        return ref, None
+    return ref, (sink["delta"], sink["metrics"])
+
+
+def run_stage(
+    stage: Stage,
+    batch: DataProto,
+    ctx: StageContext,
+    store: RunStore,
+    step: int,
+    *,
+    fingerprints: dict[KeyRef, str],
+    weights_fingerprint: str | None = None,
+    refresh: bool = False,
+    retries: int = 0,
+    verify: Verify = "full",
+) -> StageOutcome:
+    """Run (or take from the cache) one stage of step ``step`` (module docstring).
+
+    Args:
+        fingerprints: key fingerprints of the step batch so far (at least ``stage.requires``).
+        weights_fingerprint: for a ``reads_weights`` stage, a fingerprint of the weights it reads.
+        refresh: recompute even on a cache hit (``ppoflow rerun --from``).
+        verify: how a cached artifact is checked before use: ``"full"`` hashes every file, so
+            any damage is caught; ``"lazy"`` skips hashing tensor bytes (sizes, header and small
+            files are still checked), faster for large batches but blind to a flipped tensor byte.
+
+    Returns:
+        The delta, the stage's journal record and the fingerprints of the keys it produced.
+    """
+    start = perf_counter()
+    stage.check_inputs(batch)
+    inputs = select_inputs(stage, batch)
+    key = stage_cache_key(stage, ctx.config, fingerprints, weights_fingerprint)
+    path = store.artifact_path(step, stage.name)
+    call = functools.partial(
+        _call, stage, inputs, replace(ctx, step=step), path, key, step, store.cache_dir
+    )
+    ref, computed = call(refresh, retries)
+    reason = "cache refreshed" if refresh else "cache miss"
+    if computed is None:
+        reason = "cache hit"
+        try:
+            computed = load_delta(ref, key, verify)
+        except ArtifactError as err:
+            _log().warning("stage %r: cached artifact unusable, recomputing: %s", stage.name, err)
+            ref, computed = call(True, retries)
+            reason = f"recomputed: the cached artifact was unusable ({err})"
+    if computed is None:
+        raise RuntimeError(f"stage {stage.name!r}: refresh_cache still served a cached result")
+    delta, metrics = computed
+    record = StageRecord(
+        stage=stage.name,
+        status="cached" if reason == "cache hit" else "ran",
+        reason=reason,
+        artifact=ref.path,
+        fingerprint=ref.fingerprint,
+        cache_key=key,
+        rows=ref.rows,
+        nbytes=ref.nbytes,
+        timing_s=perf_counter() - start,
+        metrics=metrics,
+    )
+    return StageOutcome(delta, record, artifact_key_fingerprints(ref.fingerprint, stage.produces))

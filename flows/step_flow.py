@@ -1,0 +1,167 @@
+"""The PPO step as a Prefect flow: the planned stages in order, each a cached stage task.
+
+``run_step`` reads like the stage table: plan and check the DAG (before any work), store the
+step's input batch, then for every enabled stage run (or reuse) it, merge its delta into the step
+batch with the non-mutating ``|``, and keep its fingerprints, metrics and journal record.
+
+Flow parameters here are live objects (a batch of tensors, engines, a run store). Prefect would
+normally JSON-encode every parameter for the flow-run record, deep-copying dataclasses on the way
+(a whole batch, even a model); :class:`StepFlow` records a one-line summary of each instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from time import perf_counter
+from typing import Any
+
+from prefect import Flow
+
+from dataproto.artifact import Verify
+from dataproto.protocol import DataProto
+from flows.cache_keys import artifact_key_fingerprints
+from flows.dag import StepPlan, batch_keys, plan_step
+from flows.run_store import RunStore, StageRecord, StepJournal
+from flows.stage_task import run_stage, timer_name
+from stages.stage import Stage, StageContext
+
+WeightsFingerprints = Mapping[str, str] | Callable[[Stage], str] | None
+
+
+@dataclass
+class StepResult:
+    """The step's final batch, its metrics (stage metrics + ``timing_s/*``) and stage records."""
+
+    batch: DataProto
+    metrics: dict[str, float]
+    records: list[StageRecord]
+
+
+def describe_parameter(value: Any) -> Any:
+    """A short JSON-ready summary of a flow parameter (what the Prefect UI shows)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, DataProto):
+        return f"DataProto(rows={len(value)}, keys={sorted(map(str, batch_keys(value)))})"
+    if isinstance(value, StageContext):
+        return f"StageContext(step={value.step}, engines={sorted(value.engines)})"
+    if isinstance(value, list | tuple) and all(isinstance(item, Stage) for item in value):
+        return [item.name for item in value]
+    if isinstance(value, RunStore):
+        return repr(value)
+    if isinstance(value, Mapping) and all(isinstance(item, str) for item in value.values()):
+        return dict(value)
+    return f"<{type(value).__name__}>"
+
+
+class StepFlow(Flow):
+    """A Flow that records parameter summaries instead of JSON-encoding live objects."""
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        return {name: describe_parameter(value) for name, value in parameters.items()}
+
+    def with_options(self, **options: Any) -> StepFlow:
+        new_flow = super().with_options(**options)
+        new_flow.__class__ = StepFlow
+        return new_flow
+
+
+def weights_for(stage: Stage, weights: WeightsFingerprints) -> str | None:
+    """The weights fingerprint a stage's cache key needs (None for a stage reading no weights)."""
+    if not stage.reads_weights:
+        return None
+    if weights is None:
+        raise ValueError(
+            f"stage {stage.name!r} reads weights: pass weights_fingerprints (a mapping stage "
+            "name → fingerprint, or a callable stage → fingerprint)"
+        )
+    if callable(weights):
+        return weights(stage)
+    if stage.name not in weights:
+        raise KeyError(
+            f"weights_fingerprints has no entry for weight-reading stage {stage.name!r} "
+            f"(it has {sorted(weights)})"
+        )
+    return weights[stage.name]
+
+
+def _check_weights(plan: StepPlan, weights: WeightsFingerprints) -> None:
+    """Fail before any work when a weight-reading stage will lack its fingerprint."""
+    if callable(weights):
+        return
+    for stage in plan.stages:
+        if stage.reads_weights:
+            weights_for(stage, weights)
+
+
+def _ordered(stages: Sequence[Stage], records: dict[str, StageRecord]) -> list[StageRecord]:
+    return [records[stage.name] for stage in stages if stage.name in records]
+
+
+def _run_step(
+    stages: Sequence[Stage],
+    batch: DataProto,
+    ctx: StageContext,
+    store: RunStore,
+    step: int,
+    weights_fingerprints: WeightsFingerprints = None,
+    refresh: Collection[str] = (),
+    retries: int = 0,
+    verify: Verify = "full",
+) -> StepResult:
+    """Run one PPO step: every enabled stage in order, cached, its delta merged into the batch.
+
+    Args:
+        stages: all stages of the step in run order; disabled ones are recorded as skipped.
+        batch: the step's input batch (prompts); it is stored as ``step_<k>/input``.
+        ctx: config and engines; ``ctx.metrics`` seeds the step's metrics.
+        store: the run directory; ``step``: the global step (1-based).
+        weights_fingerprints: for weight-reading stages, stage name → fingerprint (or a callable).
+        refresh: stage names to recompute even on a cache hit (``rerun --from``).
+        retries: Prefect retries for stages that write no weights.
+        verify: how cached artifacts are checked (flows/stage_task.py: run_stage).
+    """
+    start = perf_counter()
+    plan = plan_step(stages, ctx.config, batch_keys(batch))
+    _check_weights(plan, weights_fingerprints)
+    input_ref = store.save_input(step, batch)
+    fingerprints = artifact_key_fingerprints(input_ref.fingerprint, batch_keys(batch))
+    journal = StepJournal(
+        step, input_artifact=input_ref.path, input_fingerprint=input_ref.fingerprint
+    )
+    records = {name: StageRecord(name, "skipped", reason) for name, reason in plan.skipped.items()}
+    metrics = dict(ctx.metrics)
+    for stage in plan.stages:
+        outcome = run_stage(
+            stage,
+            batch,
+            replace(ctx, metrics=metrics),
+            store,
+            step,
+            fingerprints=fingerprints,
+            weights_fingerprint=weights_for(stage, weights_fingerprints),
+            refresh=stage.name in refresh,
+            retries=0 if stage.writes_weights else retries,
+            verify=verify,
+        )
+        batch = batch | outcome.delta
+        fingerprints.update(outcome.fingerprints)
+        metrics.update(outcome.record.metrics)
+        metrics[f"timing_s/{timer_name(stage.name)}"] = outcome.record.timing_s
+        records[stage.name] = outcome.record
+        journal.stages = _ordered(stages, records)
+        store.write_journal(journal)
+    metrics["timing_s/step"] = perf_counter() - start
+    journal.status, journal.metrics, journal.stages = "done", metrics, _ordered(stages, records)
+    store.write_journal(journal)
+    return StepResult(batch=batch, metrics=metrics, records=journal.stages)
+
+
+run_step = StepFlow(
+    fn=_run_step,
+    name="ppo-step",
+    flow_run_name="step-{step}",
+    validate_parameters=False,
+    persist_result=False,
+)
