@@ -23,7 +23,7 @@ demo: install
 	$(PPOFLOW) make-demo-data $(DEMO_DIR)/data
 	$(PPOFLOW) make-tiny-model $(DEMO_DIR)/model
 	$(PPOFLOW) config show --config configs/demo-cpu.yaml > $(DEMO_DIR)/config.yaml
-	$(PPOFLOW) make-sample-batch $(DEMO_DIR)/sample-batch
+	$(PPOFLOW) make-sample-batch $(DEMO_DIR)/sample-batch --overwrite
 	$(PPOFLOW) inspect $(DEMO_DIR)/sample-batch
 	$(PPOFLOW) ledger --batch 4 --n 4 --prompt-len 64 --response-len 16
 

@@ -18,6 +18,7 @@ from stages.algos.actor_loss import compute_actor_loss
 from stages.algos.aggregation import aggregate_loss
 from stages.algos.micro_batch import restore_order
 from stages.engines.batching import MicroBatching, global_batch_info, mini_batch_indices
+from stages.engines.dispatch import real_rows_mask
 from stages.metrics.metric import AggregationType, Metric
 
 #: actor metrics whose micro-batch values are partial sums under global denominators
@@ -82,6 +83,7 @@ def compute_log_prob(
         entropys = restore_order([o[1] for o in outputs], plan)
         delta[keys.ENTROPYS] = entropys
         mask = tensors[keys.RESPONSE_MASK]
+        mask = mask * real_rows_mask(batch)[:, None].to(device=mask.device, dtype=mask.dtype)
         metrics["actor/entropy"] = float(aggregate_loss(entropys, mask, loss_agg_mode, None))
     return DataProto(batch=TensorDict(delta, batch_size=[len(logprobs)]), meta_info={}), metrics
 

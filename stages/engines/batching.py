@@ -33,11 +33,36 @@ class MicroBatching:
     max_token_len: int = 16384
 
     def plan(self, attention_mask: Tensor) -> list[list[int]]:
-        """Row-index lists, one per micro-batch, covering every row of ``attention_mask`` once."""
+        """Row-index lists, one per micro-batch, covering every row of ``attention_mask`` once.
+
+        Under a token budget with several data-parallel ranks, every rank uses the same number of
+        micro-batches (the largest any rank needs): under ZeRO-3 each forward is a collective, so
+        ranks with different counts would wait on each other forever.
+        """
         rows = attention_mask.shape[0]
-        if self.use_dynamic_bsz:
-            return split_by_token_budget(attention_mask, max_token_len=self.max_token_len)
-        return split_fixed_size(rows, self.micro_batch_size or rows)
+        if not self.use_dynamic_bsz:
+            return split_fixed_size(rows, self.micro_batch_size or rows)
+        plan = split_by_token_budget(attention_mask, max_token_len=self.max_token_len)
+        for _ in range(3):
+            agreed = _max_over_ranks(len(plan))
+            if agreed == len(plan):
+                return plan
+            plan = split_by_token_budget(
+                attention_mask, max_token_len=self.max_token_len, min_num_micro_batches=agreed
+            )
+        raise RuntimeError(
+            f"data-parallel ranks could not agree on a micro-batch count under the token budget "
+            f"{self.max_token_len} (this rank: {len(plan)}); raise ppo_max_token_len_per_gpu"
+        )
+
+
+def _max_over_ranks(count: int) -> int:
+    """The largest ``count`` over the data-parallel ranks (``count`` itself with one rank)."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return count
+    value = torch.tensor([count], dtype=torch.int64)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return int(value.item())
 
 
 def mini_batch_indices(

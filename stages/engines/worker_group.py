@@ -1,0 +1,148 @@
+"""Worker groups: one role (actor, critic, reference …) scaled over data-parallel ranks.
+
+A role worker is any object built by a picklable ``factory(**kwargs)`` in the rank's own process,
+whose methods take a DataProto (plus plain keyword arguments) and return a DataProto, with
+optional ``meta_info["metrics"]`` (``dict[str, Metric | float]``). The group dispatches a batch
+over its ranks (``stages.engines.dispatch``), runs the method on every rank at once and returns
+one DataProto for the whole batch. The models stay resident in the workers between calls; only
+batches and metrics cross process boundaries.
+
+Backends:
+
+- ``local`` (:class:`LocalWorkerGroup`): one rank, the worker lives in the driver process — the
+  embedded default. The engine's process group is a single gloo/nccl rank.
+- ``ray`` (:class:`RayWorkerGroup` in ``worker_group_ray``): one Ray actor per rank; the ranks form
+  one torch.distributed group, DeepSpeed runs inside each actor. Needs ``pip install 'ppoflow[ray]'``.
+
+Example:
+    >>> import torch
+    >>> from dataproto import DataProto
+    >>> class Doubler:
+    ...     def double(self, batch):
+    ...         return DataProto.from_dict({"y": batch.batch["x"] * 2}, meta_info={"metrics": {"n": len(batch)}})
+    >>> with make_worker_group("local", Doubler, 1) as group:
+    ...     out = group.call("double", DataProto.from_dict({"x": torch.arange(3)}))
+    >>> out.batch["y"].tolist(), out.meta_info["metrics"]
+    ([0, 2, 4], {'n': 3.0})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from dataproto import DataProto
+from stages.engines.dispatch import collect_from_ranks, split_for_ranks
+from stages.registry import Registry
+
+
+class WorkerGroup(Protocol):
+    """What the flow needs from a group of ranks for one role."""
+
+    world_size: int
+
+    def call(
+        self, method: str, batch: DataProto, *, allow_padding: bool = True, **kwargs: Any
+    ) -> DataProto:
+        """Split ``batch`` over the ranks, run ``worker.method(chunk, **kwargs)``, join."""
+        ...
+
+    def call_all(self, method: str, **kwargs: Any) -> list[Any]:
+        """Run ``worker.method(**kwargs)`` on every rank (no data); one result per rank."""
+        ...
+
+    def close(self) -> None:
+        """Release the workers (and anything the group started)."""
+        ...
+
+
+def check_method(worker: object, method: str, rank: int = 0) -> Callable[..., Any]:
+    """The bound ``worker.method``; a clear ``AttributeError`` when the worker has none."""
+    if not isinstance(method, str) or method.startswith("_"):
+        raise ValueError(f"method must be the name of a public worker method, got {method!r}")
+    bound = getattr(worker, method, None)
+    if not callable(bound):
+        public = sorted(n for n in dir(worker) if not n.startswith("_"))
+        raise AttributeError(
+            f"rank {rank}: worker {type(worker).__name__} has no method {method!r}; "
+            f"its public attributes: {public}"
+        )
+    return bound
+
+
+class LocalWorkerGroup:
+    """World size 1: the worker is built and called in the driver process.
+
+    The batch still goes through dispatch and collect, so the worker sees the same ``is_pad``
+    column (all False) and the metrics come back combined exactly as from a Ray group.
+    """
+
+    world_size = 1
+
+    def __init__(self, factory: Callable[..., Any], **kwargs: Any) -> None:
+        if not callable(factory):
+            raise TypeError(f"factory must be callable, got {type(factory).__name__}")
+        self.worker = factory(**kwargs)
+        self._closed = False
+
+    def call(
+        self, method: str, batch: DataProto, *, allow_padding: bool = True, **kwargs: Any
+    ) -> DataProto:
+        bound = self._method(method)
+        chunks, pad_size = split_for_ranks(batch, 1, allow_padding=allow_padding)
+        return collect_from_ranks([bound(chunks[0], **kwargs)], pad_size)
+
+    def call_all(self, method: str, **kwargs: Any) -> list[Any]:
+        return [self._method(method)(**kwargs)]
+
+    def close(self) -> None:
+        """Drop the worker (its engine is freed with it)."""
+        self._closed = True
+        self.worker = None
+
+    def _method(self, method: str) -> Callable[..., Any]:
+        if self._closed:
+            raise RuntimeError("this worker group is closed; build a new one")
+        return check_method(self.worker, method)
+
+    def __enter__(self) -> LocalWorkerGroup:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _local_group(factory: Callable[..., Any], world_size: int, **kwargs: Any) -> WorkerGroup:
+    if world_size != 1:
+        raise ValueError(
+            f"the local worker backend runs one rank in this process, got world_size="
+            f"{world_size}; set trainer.worker_backend=ray for more ranks, or "
+            "trainer.nnodes=1 and trainer.n_gpus_per_node=1"
+        )
+    return LocalWorkerGroup(factory, **kwargs)
+
+
+def _ray_group(factory: Callable[..., Any], world_size: int, **kwargs: Any) -> WorkerGroup:
+    from stages.engines.worker_group_ray import RayWorkerGroup  # Ray is imported on use only
+
+    return RayWorkerGroup(factory, world_size, **kwargs)
+
+
+#: ``trainer.worker_backend`` → ``builder(factory, world_size, **kwargs)``
+WORKER_BACKENDS = Registry[Callable[..., WorkerGroup]]("worker backend")
+WORKER_BACKENDS.add("local", _local_group)
+WORKER_BACKENDS.add("ray", _ray_group)
+
+
+def make_worker_group(
+    backend: str, factory: Callable[..., Any], world_size: int, **kwargs: Any
+) -> WorkerGroup:
+    """A worker group for ``trainer.worker_backend`` (a name in :data:`WORKER_BACKENDS`).
+
+    ``local`` needs ``world_size == 1`` (one rank in this process); ``ray`` starts ``world_size``
+    ranks (``trainer.nnodes × trainer.n_gpus_per_node``). ``kwargs`` go to the group's
+    constructor: the factory's arguments, and for ``ray`` also ``num_cpus_per_rank``,
+    ``num_gpus_per_rank``, ``env``, ``ray_init`` … (see ``RayWorkerGroup``), so a factory cannot
+    take arguments of those names. An unknown backend raises ``KeyError`` listing the known ones.
+    """
+    return WORKER_BACKENDS.get(backend)(factory, world_size, **kwargs)

@@ -1,0 +1,298 @@
+"""The Ray worker group: one Ray actor per data-parallel rank, one torch.distributed group.
+
+Each rank is a Ray actor process (:class:`_RankHost`) that sets the launcher variables DeepSpeed
+reads — RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT — and then builds the role worker
+with ``factory(**kwargs)``, so ``ensure_process_group`` (``deepspeed_setup``) joins all ranks into
+one group (gloo on CPU, nccl on CUDA). The worker stays resident; each :meth:`RayWorkerGroup.call`
+ships one chunk of the batch to each rank and the outputs back.
+
+Rendezvous: rank 0's actor picks a free port on its own node. When every rank runs on one node
+(one machine, the usual case) MASTER_ADDR is 127.0.0.1; when the ranks span several nodes of a
+Ray cluster it is rank 0's node IP (as Ray reports it), which the other nodes must be able to reach
+on that port. LOCAL_RANK is the rank's index among the ranks on its node, or 0 when each rank holds
+a GPU (Ray then restricts CUDA_VISIBLE_DEVICES to that one GPU, which is cuda:0 in the actor).
+Placement is Ray's default scheduling (no placement group): on a multi-node cluster, start the
+group on a cluster whose free resources are exactly the ranks' if they must be packed by node.
+
+Environment of every actor, from process start (Ray ``runtime_env`` env_vars): OMP_NUM_THREADS =
+``num_cpus_per_rank``, TORCH_EXTENSIONS_DIR passed through from the driver when set (DeepSpeed's
+JIT-compiled ops are cached there), then ``env`` (e.g. PYTHONPATH for a factory defined outside
+the installed packages). DS_ACCELERATOR=cpu is set in the actor when it sees no CUDA device.
+
+Ray itself: ``ray.init`` is called only when Ray is not initialised yet — a local instance with
+``world_size × num_cpus_per_rank`` CPUs and no dashboard, or a connection to the cluster at
+``RAY_ADDRESS`` when that is set — and :meth:`RayWorkerGroup.close` kills the actors and calls
+``ray.shutdown`` only if this group started Ray. Importing this module does not import Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dataproto import DataProto
+from stages.engines.dispatch import collect_from_ranks, split_for_ranks
+from stages.engines.worker_group import check_method
+
+#: seconds to wait for every rank's actor to start (import torch/DeepSpeed, get scheduled)
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
+#: after one rank fails, seconds the others get to finish before the group is declared broken
+DEFAULT_FAILURE_GRACE_S = 60.0
+
+
+def import_ray():
+    """``import ray``, or an ImportError that says how to install it."""
+    try:
+        import ray
+    except ImportError as error:
+        raise ImportError(
+            "the 'ray' worker backend needs Ray, which is not installed: "
+            "pip install 'ppoflow[ray]' (or set trainer.worker_backend=local)"
+        ) from error
+    return ray
+
+
+class _RankHost:
+    """One rank's actor: sets the rank's environment, builds the worker, runs its methods."""
+
+    def __init__(self, rank: int, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+        self.rank = rank
+        self._factory = factory
+        self._kwargs = kwargs
+        self.worker: Any = None
+
+    def placement(self) -> tuple[str, int]:
+        """(this node's IP as Ray sees it, a port that is free on this node now)."""
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def build(self, env: dict[str, str]) -> None:
+        """Set the launcher variables, then build the worker (which may join the process group)."""
+        os.environ.update(env)
+        if "DS_ACCELERATOR" not in os.environ:
+            import torch
+
+            if not torch.cuda.is_available():
+                os.environ["DS_ACCELERATOR"] = "cpu"
+        self.worker = self._factory(**self._kwargs)
+
+    def call(self, method: str, batch: DataProto, kwargs: dict[str, Any]) -> Any:
+        return check_method(self.worker, method, self.rank)(batch, **kwargs)
+
+    def call_all(self, method: str, kwargs: dict[str, Any]) -> Any:
+        return check_method(self.worker, method, self.rank)(**kwargs)
+
+
+def rank_environment(
+    node_ips: Sequence[str], master_port: int, *, gpu_per_rank: bool
+) -> list[dict[str, str]]:
+    """The launcher variables of each rank, given the node IP each rank's actor runs on.
+
+    Example:
+        >>> [e["LOCAL_RANK"] + "@" + e["MASTER_ADDR"] for e in rank_environment(["a", "a"], 5, gpu_per_rank=False)]
+        ['0@127.0.0.1', '1@127.0.0.1']
+        >>> [e["LOCAL_RANK"] + "@" + e["MASTER_ADDR"] for e in rank_environment(["a", "b"], 5, gpu_per_rank=False)]
+        ['0@a', '0@a']
+    """
+    master_addr = "127.0.0.1" if len(set(node_ips)) == 1 else node_ips[0]
+    envs = []
+    for rank, ip in enumerate(node_ips):
+        local_rank = 0 if gpu_per_rank else list(node_ips[:rank]).count(ip)
+        envs.append(
+            {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(local_rank),
+                "WORLD_SIZE": str(len(node_ips)),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+            }
+        )
+    return envs
+
+
+def _check_env(env: dict[str, str] | None) -> dict[str, str]:
+    env = dict(env or {})
+    bad = {
+        k: type(v).__name__
+        for k, v in env.items()
+        if not (isinstance(k, str) and isinstance(v, str))
+    }
+    if bad:
+        raise TypeError(f"env must map str to str; these entries are not: {bad}")
+    return env
+
+
+class RayWorkerGroup:
+    """``world_size`` ranks of one role, each a Ray actor holding a worker built by ``factory``.
+
+    Args:
+        factory: picklable callable building the worker in the rank's process (a class or a
+            module-level function of a module the actors can import).
+        world_size: number of data-parallel ranks.
+        num_cpus_per_rank / num_gpus_per_rank: Ray resources reserved per rank.
+        env: extra environment variables for every rank (strings).
+        ray_init: extra ``ray.init`` arguments, used only if this group starts Ray
+            (e.g. ``{"object_store_memory": 200 * 1024**2}``).
+        startup_timeout_s: how long to wait for every actor to be scheduled and started.
+        failure_grace_s: after a rank raises, how long the others may run on before the group is
+            closed as broken (a rank blocked in a collective would otherwise wait forever).
+        **kwargs: the factory's arguments (the same on every rank).
+    """
+
+    def __init__(
+        self,
+        factory: Callable[..., Any],
+        world_size: int,
+        *,
+        num_cpus_per_rank: float = 1,
+        num_gpus_per_rank: float = 0,
+        env: dict[str, str] | None = None,
+        ray_init: dict[str, Any] | None = None,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        failure_grace_s: float = DEFAULT_FAILURE_GRACE_S,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an int ≥ 1, got {world_size!r}")
+        if not callable(factory):
+            raise TypeError(f"factory must be callable, got {type(factory).__name__}")
+        if num_cpus_per_rank <= 0 or num_gpus_per_rank < 0:
+            raise ValueError(
+                f"num_cpus_per_rank must be > 0 and num_gpus_per_rank ≥ 0, got "
+                f"{num_cpus_per_rank} and {num_gpus_per_rank}"
+            )
+        env = _check_env(env)
+        self._ray = import_ray()
+        self.world_size = world_size
+        self.failure_grace_s = failure_grace_s
+        self._actors: list[Any] = []
+        self._owns_ray = False
+        self._start_ray(world_size * num_cpus_per_rank, world_size * num_gpus_per_rank, ray_init)
+        try:
+            self._start_actors(
+                factory,
+                kwargs,
+                num_cpus_per_rank,
+                num_gpus_per_rank,
+                env,
+                startup_timeout_s,
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_ray(self, num_cpus: float, num_gpus: float, ray_init: dict[str, Any] | None) -> None:
+        ray = self._ray
+        if ray.is_initialized():
+            return
+        if os.environ.get("RAY_ADDRESS"):  # an existing cluster: connect, it has its resources
+            ray.init(**(ray_init or {}))
+        else:
+            options: dict[str, Any] = {
+                "num_cpus": max(1, math.ceil(num_cpus)),
+                "include_dashboard": False,
+            }
+            if num_gpus:
+                options["num_gpus"] = math.ceil(num_gpus)
+            ray.init(**{**options, **(ray_init or {})})
+        self._owns_ray = True
+
+    def _start_actors(
+        self,
+        factory: Callable[..., Any],
+        kwargs: dict[str, Any],
+        num_cpus: float,
+        num_gpus: float,
+        env: dict[str, str],
+        timeout: float,
+    ) -> None:
+        ray = self._ray
+        process_env = {"OMP_NUM_THREADS": str(max(1, int(num_cpus)))}
+        if os.environ.get("TORCH_EXTENSIONS_DIR"):
+            process_env["TORCH_EXTENSIONS_DIR"] = os.environ["TORCH_EXTENSIONS_DIR"]
+        process_env.update(env)
+        host = ray.remote(_RankHost).options(
+            num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": process_env}
+        )
+        self._actors = [host.remote(rank, factory, kwargs) for rank in range(self.world_size)]
+        try:
+            placements = ray.get([a.placement.remote() for a in self._actors], timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"the {self.world_size} rank actors did not all start within {timeout:.0f} s; "
+                f"the Ray cluster needs {num_cpus} CPU(s) and {num_gpus} GPU(s) free per rank "
+                f"(cluster resources now: {ray.available_resources()})"
+            ) from None
+        envs = rank_environment(
+            [ip for ip, _ in placements], placements[0][1], gpu_per_rank=num_gpus > 0
+        )
+        self._gather([a.build.remote(e) for a, e in zip(self._actors, envs)], "build")
+
+    def call(
+        self, method: str, batch: DataProto, *, allow_padding: bool = True, **kwargs: Any
+    ) -> DataProto:
+        """Split ``batch`` over the ranks, run ``worker.method(chunk, **kwargs)`` on every rank
+        at once, join the outputs (padding cut, metrics combined)."""
+        actors = self._live_actors()
+        chunks, pad_size = split_for_ranks(batch, self.world_size, allow_padding=allow_padding)
+        refs = [a.call.remote(method, chunk, kwargs) for a, chunk in zip(actors, chunks)]
+        return collect_from_ranks(self._gather(refs, method), pad_size)
+
+    def call_all(self, method: str, **kwargs: Any) -> list[Any]:
+        """Run ``worker.method(**kwargs)`` on every rank; the results in rank order."""
+        refs = [a.call_all.remote(method, kwargs) for a in self._live_actors()]
+        return self._gather(refs, method)
+
+    def close(self) -> None:
+        """Kill the rank actors; shut Ray down if this group started it. Safe to call twice."""
+        actors, self._actors = self._actors, []
+        if not self._ray.is_initialized():  # someone shut Ray down already: the actors are gone
+            self._owns_ray = False
+            return
+        for actor in actors:
+            self._ray.kill(actor)
+        if self._owns_ray:
+            self._owns_ray = False
+            self._ray.shutdown()
+
+    def _live_actors(self) -> list[Any]:
+        if not self._actors:
+            raise RuntimeError("this worker group is closed; build a new one")
+        return self._actors
+
+    def _gather(self, refs: list[Any], method: str) -> list[Any]:
+        """ray.get of one result per rank. When a rank fails, the others get
+        ``failure_grace_s`` to finish; if they do not (blocked in a collective the failed rank
+        never joined), the group is closed and the error says so."""
+        ray = self._ray
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except Exception as error:
+                rank = refs.index(ready[0])
+                _, stuck = ray.wait(pending, num_returns=len(pending), timeout=self.failure_grace_s)
+                if stuck:
+                    self.close()
+                    raise RuntimeError(
+                        f"rank {rank} failed in {method!r} and ranks "
+                        f"{sorted(refs.index(r) for r in stuck)} did not finish within "
+                        f"{self.failure_grace_s:.0f} s (probably blocked in a collective); the "
+                        "worker group is closed, build a new one"
+                    ) from error
+                raise
+        return ray.get(refs)
+
+    def __enter__(self) -> RayWorkerGroup:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
