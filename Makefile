@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade -q pip
 	$(PIP) install torch==2.13.0
-	$(PIP) install -c constraints.txt -e '.[dev]'
+	$(PIP) install -c constraints.txt -e '.[dev,ray]'
 	touch $@
 
 demo: install
