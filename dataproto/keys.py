@@ -25,6 +25,10 @@ REWARD_BASELINES = "reward_baselines"  # (B,) float32: ReMax greedy-sample rewar
 ENTROPYS = "entropys"  # (B, R) float32: per-token entropy (dropped after old_log_prob)
 PROMPT_LENGTH = "prompt_length"  # (B,) int64, optional: precomputed valid prompt lengths
 RESPONSE_LENGTH = "response_length"  # (B,) int64, optional: precomputed valid response lengths
+PROMPT_INPUT_IDS = "prompt_input_ids"  # (B, P) int64: the step input's prompts, left-padded
+PROMPT_ATTENTION_MASK = "prompt_attention_mask"  # (B, P) int64 {0,1}: the step input's prompt mask
+PROMPT_POSITION_IDS = "prompt_position_ids"  # (B, P) int64: the step input's prompt positions
+BALANCE_ORDER = "balance_order"  # (B,) int64: the balance stage's row permutation (new row i = old row perm[i])
 
 # --- non-tensor layer (numpy, dim 0 = rows) ---
 UID = "uid"  # (B,) object str: the prompt group
@@ -44,6 +48,7 @@ GLOBAL_STEPS = "global_steps"  # int
 GLOBAL_TOKEN_NUM = "global_token_num"  # list[int]: per-row attention-mask sums
 METRICS = "metrics"  # dict[str, list | float]: merged specially by concat
 REWARD_EXTRA_KEYS = "reward_extra_keys"  # list[str]: non-tensor keys holding reward extras
+KL_COEF = "kl_coef"  # float: the KL-in-reward coefficient β of this step (the controller's value)
 
 #: keys whose dim 1 is the response-token axis (R)
 RESPONSE_TOKEN_KEYS = frozenset(
@@ -63,4 +68,14 @@ RESPONSE_TOKEN_KEYS = frozenset(
     }
 )
 #: keys whose dim 1 is the full-sequence token axis (T) or the prompt axis (P)
-SEQUENCE_TOKEN_KEYS = frozenset({INPUT_IDS, ATTENTION_MASK, POSITION_IDS, PROMPTS})
+SEQUENCE_TOKEN_KEYS = frozenset(
+    {
+        INPUT_IDS,
+        ATTENTION_MASK,
+        POSITION_IDS,
+        PROMPTS,
+        PROMPT_INPUT_IDS,
+        PROMPT_ATTENTION_MASK,
+        PROMPT_POSITION_IDS,
+    }
+)

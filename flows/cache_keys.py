@@ -9,6 +9,8 @@ A stage's cache key is
         "config":  {dotted path: value, for every path in stage.config_keys},
         "inputs":  {"<layer>.<key>": key fingerprint, for every key in stage.requires},
         "weights": the caller's weights fingerprint (reads_weights stages) or null,
+        "optional": {"<layer>.<key>": fingerprint, for every key in stage.optional the batch
+                     holds} (only for stages that declare optional keys),
     }) )
 
 ``canonical_json`` sorts keys and drops whitespace, so the key depends on values only, never on
@@ -28,6 +30,11 @@ layer | k)``, so
   the GPU. The price is granularity: a change to one key of a delta also changes the
   fingerprints of its sibling keys, so a stage reading only an unchanged sibling re-runs too
   (a conservative miss, never a wrong hit).
+
+Reordered rows. When a stage reorders the step batch (``Stage.reorders``, the balance stage),
+every key's rows move, so every key gets the new fingerprint ``sha256("ppoflow-reordered-v1" |
+permutation key fingerprint | old key fingerprint)`` (:func:`reordered_fingerprints`): the same
+permutation of the same content gives the same fingerprints in any process.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from stages.stage import KeyRef, Stage
 
 KEY_FORMAT = "ppoflow-stage-key-v1"
 KEY_FINGERPRINT_FORMAT = "ppoflow-key-v1"
+REORDERED_FORMAT = "ppoflow-reordered-v1"
 
 
 def config_value(config: Any, dotted: str) -> Any:
@@ -134,6 +142,28 @@ def artifact_key_fingerprints(
     return {key: key_fingerprint(artifact_fingerprint, key) for key in keys}
 
 
+def reordered_fingerprints(
+    fingerprints: Mapping[KeyRef, str], permutation_fingerprint: str
+) -> dict[KeyRef, str]:
+    """Key fingerprints after the rows were permuted by a key with ``permutation_fingerprint``.
+
+    Only row-carrying keys (tensor and non-tensor layers) change; meta_info keys keep theirs.
+
+    >>> from stages.stage import meta, tensor
+    >>> out = reordered_fingerprints({tensor("x"): "a" * 64, meta("t"): "b" * 64}, "c" * 64)
+    >>> out[tensor("x")] != "a" * 64, out[meta("t")] == "b" * 64
+    (True, True)
+    """
+    out = {}
+    for key, fingerprint in fingerprints.items():
+        if key.layer == "meta_info":
+            out[key] = fingerprint
+            continue
+        text = f"{REORDERED_FORMAT}\n{permutation_fingerprint}\n{fingerprint}"
+        out[key] = hashlib.sha256(text.encode()).hexdigest()
+    return out
+
+
 def stage_cache_key(
     stage: Stage,
     config: Any,
@@ -175,4 +205,8 @@ def stage_cache_key(
         "inputs": {str(key): input_fingerprints[key] for key in stage.requires},
         "weights": weights_fingerprint,
     }
+    if stage.optional:
+        document["optional"] = {
+            str(key): input_fingerprints[key] for key in stage.optional if key in input_fingerprints
+        }
     return hashlib.sha256(canonical_json(document).encode()).hexdigest()

@@ -55,8 +55,8 @@ def _check_names(stages: Sequence[Stage]) -> None:
         seen.add(stage.name)
 
 
-def _enabled(stage: Stage, config: Any) -> bool:
-    decision = stage.when(config)
+def _enabled(stage: Stage, config: Any, step: int | None) -> bool:
+    decision = stage.enabled(config, step)
     if not isinstance(decision, bool):
         raise TypeError(
             f"stage {stage.name!r}: when(config) returned {type(decision).__name__} "
@@ -80,13 +80,16 @@ def _missing_message(stage: Stage, missing: list[KeyRef], producers: dict[KeyRef
     )
 
 
-def plan_step(stages: Sequence[Stage], config: Any, initial_keys: Iterable[KeyRef]) -> StepPlan:
+def plan_step(
+    stages: Sequence[Stage], config: Any, initial_keys: Iterable[KeyRef], step: int | None = None
+) -> StepPlan:
     """Enabled stages in order, checked: every required key is available when the stage runs.
 
     Args:
         stages: every stage of the step, in run order.
         config: the run config handed to each ``when``.
         initial_keys: the keys of the step's input batch (:func:`batch_keys`).
+        step: the global step, for conditions ``when(config, step)`` (required by those).
 
     Raises:
         KeyError: an enabled stage requires a key that neither the input batch nor an earlier
@@ -100,13 +103,14 @@ def plan_step(stages: Sequence[Stage], config: Any, initial_keys: Iterable[KeyRe
     all_producers = {key: stage.name for stage in stages for key in stage.produces}
     enabled, skipped = [], {}
     for stage in stages:
-        if not _enabled(stage, config):
+        if not _enabled(stage, config, step):
             skipped[stage.name] = skip_reason(stage)
             continue
         missing = [key for key in stage.requires if key not in available]
         if missing:
             raise KeyError(_missing_message(stage, missing, all_producers))
-        for key in stage.produces:
+        produced = [key for key in stage.produces if key.name != stage.reorders]
+        for key in produced:
             if key in available:
                 raise ValueError(
                     f"stage {stage.name!r} produces {key}, which {available[key]} already "

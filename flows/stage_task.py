@@ -72,9 +72,12 @@ def _log() -> logging.Logger | logging.LoggerAdapter:
 
 
 def select_inputs(stage: Stage, batch: DataProto) -> DataProto:
-    """The batch reduced to the stage's required keys (tensors shared, not copied)."""
+    """The batch reduced to the stage's required keys and the optional keys it holds (tensors
+    shared, not copied)."""
+    present = batch_keys(batch)
+    wanted_keys = list(stage.requires) + [k for k in stage.optional if k in present]
     wanted = {
-        layer: [k.name for k in stage.requires if k.layer == layer]
+        layer: [k.name for k in wanted_keys if k.layer == layer]
         for layer in ("batch", "non_tensor_batch", "meta_info")
     }
     tensor_keys = wanted["batch"] if batch.batch is not None else None
@@ -92,7 +95,7 @@ def check_delta(stage: Stage, delta: Any, rows: int) -> None:
             "holding exactly the keys it produces"
         )
     got, declared = batch_keys(delta), set(stage.produces)
-    undeclared = sorted(map(str, got - declared))
+    undeclared = sorted(str(k) for k in got - declared if k.layer not in stage.extra_outputs)
     missing = sorted(map(str, declared - got))
     if undeclared or missing:
         raise ValueError(
@@ -308,4 +311,5 @@ def run_stage(
         timing_s=perf_counter() - start,
         metrics=metrics,
     )
-    return StageOutcome(delta, record, artifact_key_fingerprints(ref.fingerprint, stage.produces))
+    produced = set(stage.produces) | batch_keys(delta) if stage.extra_outputs else stage.produces
+    return StageOutcome(delta, record, artifact_key_fingerprints(ref.fingerprint, produced))

@@ -4,6 +4,13 @@
 step's input batch, then for every enabled stage run (or reuse) it, merge its delta into the step
 batch with the non-mutating ``|``, and keep its fingerprints, metrics and journal record.
 
+A stage that reorders rows (``Stage.reorders``, the balance stage) produces a (B,) permutation;
+after merging it the flow reorders the whole step batch by it (:func:`apply_reorder`: row i
+becomes row ``perm[i]``), drops the permutation key from the batch, and derives every key's new
+fingerprint from the permutation's (``flows.cache_keys.reordered_fingerprints``). Deltas of the
+later stages are therefore in the balanced order, as in verl, where the batch is reordered in
+place.
+
 Flow parameters here are live objects (a batch of tensors, engines, a run store). Prefect would
 normally JSON-encode every parameter for the flow-run record, deep-copying dataclasses on the way
 (a whole batch, even a model); :class:`StepFlow` records a one-line summary of each instead.
@@ -16,15 +23,16 @@ from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import Any
 
+import torch
 from prefect import Flow
 
 from dataproto.artifact import Verify
 from dataproto.protocol import DataProto
-from flows.cache_keys import artifact_key_fingerprints
+from flows.cache_keys import artifact_key_fingerprints, reordered_fingerprints
 from flows.dag import StepPlan, batch_keys, plan_step
 from flows.run_store import RunStore, StageRecord, StepJournal
 from flows.stage_task import run_stage, timer_name
-from stages.stage import Stage, StageContext
+from stages.stage import KeyRef, Stage, StageContext, tensor
 
 WeightsFingerprints = Mapping[str, str] | Callable[[Stage], str] | None
 
@@ -95,6 +103,33 @@ def _check_weights(plan: StepPlan, weights: WeightsFingerprints) -> None:
             weights_for(stage, weights)
 
 
+def apply_reorder(
+    stage: Stage, batch: DataProto, fingerprints: dict[KeyRef, str]
+) -> tuple[DataProto, dict[KeyRef, str]]:
+    """The step batch reordered by ``stage``'s permutation key (dropped), and the new fingerprints.
+
+    Raises:
+        ValueError: the key does not hold a permutation of 0…B−1.
+    """
+    name = stage.reorders
+    perm = batch.batch[name]
+    rows = len(batch)
+    if perm.shape != (rows,) or not bool(
+        (perm.sort().values.cpu() == torch.arange(rows)).all()
+    ):
+        raise ValueError(
+            f"stage {stage.name!r}: {name!r} must be a permutation of 0…{rows - 1} with shape "
+            f"({rows},), got shape {tuple(perm.shape)} values {perm.tolist()[:16]}"
+        )
+    rest = DataProto(
+        batch=batch.batch.exclude(name),
+        non_tensor_batch=dict(batch.non_tensor_batch),
+        meta_info=dict(batch.meta_info),
+    )
+    permutation_fingerprint = fingerprints.pop(tensor(name))
+    return rest.select_idxs(perm), reordered_fingerprints(fingerprints, permutation_fingerprint)
+
+
 def _ordered(stages: Sequence[Stage], records: dict[str, StageRecord]) -> list[StageRecord]:
     return [records[stage.name] for stage in stages if stage.name in records]
 
@@ -123,7 +158,7 @@ def _run_step(
         verify: how cached artifacts are checked (flows/stage_task.py: run_stage).
     """
     start = perf_counter()
-    plan = plan_step(stages, ctx.config, batch_keys(batch))
+    plan = plan_step(stages, ctx.config, batch_keys(batch), step=step)
     _check_weights(plan, weights_fingerprints)
     input_ref = store.save_input(step, batch)
     fingerprints = artifact_key_fingerprints(input_ref.fingerprint, batch_keys(batch))
@@ -147,6 +182,8 @@ def _run_step(
         )
         batch = batch | outcome.delta
         fingerprints.update(outcome.fingerprints)
+        if stage.reorders is not None:
+            batch, fingerprints = apply_reorder(stage, batch, fingerprints)
         metrics.update(outcome.record.metrics)
         metrics[f"timing_s/{timer_name(stage.name)}"] = outcome.record.timing_s
         records[stage.name] = outcome.record

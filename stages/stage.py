@@ -9,6 +9,7 @@ into the step batch. Nothing here knows about Prefect.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -64,10 +65,20 @@ class Stage:
     name: the stage's name and its timer name (``timing_s/<name>``), e.g. ``"old_log_prob"``.
     version: bump when the stage's output for the same inputs changes (invalidates caches).
     requires / produces: the keys it reads / adds.
-    when: ``when(config) -> bool``, the stage's condition (e.g. values only with a critic).
+    when: ``when(config) -> bool`` or ``when(config, step) -> bool`` (the global step, 1-based),
+        the stage's condition (e.g. values only with a critic, update_actor after critic_warmup).
     config_keys: dotted config paths the stage reads (part of its cache key).
     reads_weights / writes_weights: whether it depends on or changes model state.
     fn: ``fn(batch, ctx) -> DataProto``, returning only ``produces``.
+    optional: keys passed to the stage when the batch holds them (no error when absent); the
+        present ones are part of the cache key (e.g. the reward stage's ``extra_info``).
+    extra_outputs: layers in which the delta may hold keys beyond ``produces``, named at run time
+        (the reward extras of the reward stage). Later stages cannot require them.
+    engine: the ``ctx.engines`` role whose weights the stage reads or writes (``"actor"``), for
+        the weights fingerprint of its cache key.
+    reorders: the name of a (B,) int64 permutation key in ``produces``: the step flow reorders
+        the whole step batch by it after the stage (row i becomes row ``perm[i]``) and drops the
+        key from the batch (the artifact keeps it). The balance stage uses it.
     """
 
     name: str
@@ -79,6 +90,37 @@ class Stage:
     config_keys: tuple[str, ...] = ()
     reads_weights: bool = False
     writes_weights: bool = False
+    optional: tuple[KeyRef, ...] = ()
+    extra_outputs: tuple[Layer, ...] = ()
+    engine: str | None = None
+    reorders: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.reorders is not None and tensor(self.reorders) not in self.produces:
+            raise ValueError(
+                f"stage {self.name!r}: reorders={self.reorders!r} must name a tensor key it "
+                f"produces (produces: {[str(k) for k in self.produces]})"
+            )
+
+    @property
+    def needs_step(self) -> bool:
+        """Whether ``when`` takes the global step as its second argument."""
+        try:
+            params = inspect.signature(self.when).parameters.values()
+        except (TypeError, ValueError):
+            return False
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return len(positional) >= 2
+
+    def enabled(self, config: Any, step: int | None = None) -> Any:
+        """``when(config)`` or ``when(config, step)``; a step-dependent condition needs ``step``."""
+        if not self.needs_step:
+            return self.when(config)
+        if step is None:
+            raise ValueError(
+                f"stage {self.name!r}: its condition depends on the global step; pass step="
+            )
+        return self.when(config, step)
 
     def missing_inputs(self, batch: DataProto) -> list[KeyRef]:
         """The required keys ``batch`` does not hold (empty when the stage can run)."""

@@ -1,4 +1,4 @@
-"""The role workers the flow calls: actor (log-probs, PPO update, HF rollouts) and reference.
+"""The role workers the flow calls: actor (log-probs, PPO update, HF rollouts), reference, critic.
 
 One instance per data-parallel rank, built from the run config (``stages.config.PPORunConfig``)
 inside the rank's process; a worker group (``worker_group``) dispatches DataProto batches to
@@ -18,9 +18,11 @@ from torch import Tensor
 from dataproto import DataProto, keys
 from stages.engines.actor import PPOUpdateSettings, compute_log_prob, update_actor
 from stages.engines.batching import MicroBatching
+from stages.engines.checkpoint import load_engine_checkpoint, save_engine_checkpoint
+from stages.engines.critic import ValueModel, compute_values, update_critic
 from stages.engines.deepspeed_setup import EngineSettings, initialize_engine, step_lr_schedule
 from stages.engines.logprob import ResponseLogProbModel
-from stages.engines.models import load_causal_lm
+from stages.engines.models import load_causal_lm, load_value_model
 from stages.engines.rollout_hf import SamplingSettings, generate_sequences
 
 
@@ -75,7 +77,21 @@ def with_metrics(batch: DataProto | None, metrics: dict[str, Any]) -> DataProto:
     return out
 
 
-class ActorWorker:
+class _CheckpointMixin:
+    """``save_checkpoint`` / ``load_checkpoint`` of a worker holding a DeepSpeed ``engine``."""
+
+    engine: Any
+
+    def save_checkpoint(self, directory: str, client_state: dict[str, Any] | None = None) -> str:
+        """Weights, optimizer, lr schedule and RNG states to ``directory`` (atomic)."""
+        return str(save_engine_checkpoint(self.engine, directory, client_state=client_state))
+
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        """Restore what :meth:`save_checkpoint` wrote; returns its client_state."""
+        return load_engine_checkpoint(self.engine, directory)
+
+
+class ActorWorker(_CheckpointMixin):
     """The policy on a DeepSpeed engine: ``compute_log_prob``, ``update_actor``, HF rollouts."""
 
     def __init__(self, config: Any, *, total_training_steps: int) -> None:
@@ -189,6 +205,52 @@ class RefWorker:
             non_tensor_batch={},
             meta_info={},
         )
+
+
+class CriticWorker(_CheckpointMixin):
+    """The value model on a DeepSpeed engine: ``compute_values`` and ``update_critic``."""
+
+    def __init__(self, config: Any, *, total_training_steps: int) -> None:
+        self.config = config
+        critic = config.critic
+        backbone = load_value_model(
+            critic.model.path,
+            dtype=critic.model.dtype,
+            attn_implementation=critic.model.attn_implementation,
+            gradient_checkpointing=critic.model.enable_gradient_checkpointing,
+            trust_remote_code=critic.model.trust_remote_code,
+        )
+        settings = engine_settings(critic, critic.optim, critic.model.dtype, total_training_steps)
+        self.engine = initialize_engine(ValueModel(backbone), settings)
+        self.micro = MicroBatching(
+            critic.ppo_micro_batch_size_per_gpu,
+            critic.use_dynamic_bsz,
+            critic.ppo_max_token_len_per_gpu,
+        )
+        self.update_settings = PPOUpdateSettings(
+            mini_batch_size=config.derived.critic_mini_batch_size_per_rank,
+            epochs=critic.ppo_epochs,
+            shuffle=critic.shuffle,
+            seed=critic.data_loader_seed + _rank(),
+            micro=self.micro,
+            loss_scale_factor=critic.loss_scale_factor,
+        )
+
+    def compute_values(self, batch: DataProto) -> DataProto:
+        """Delta: ``values`` (B, R) of the responses (critic.ppo_micro_batch_size_per_gpu rows
+        per forward)."""
+        self.engine.eval()
+        try:
+            return compute_values(self.engine, batch, self.micro)
+        finally:
+            self.engine.train()
+
+    def update_critic(self, batch: DataProto) -> DataProto:
+        """One training step's value update; metrics (``critic/*``) in meta_info; then the lr
+        schedule advances by one step."""
+        metrics = update_critic(self.engine, batch, self.update_settings, self.config.critic)
+        step_lr_schedule(self.engine)
+        return with_metrics(None, metrics)
 
 
 def _rank() -> int:

