@@ -33,7 +33,6 @@ import torch
 from torch import Tensor
 
 from dataproto import keys
-from stages.algos.masked import masked_sum
 
 if TYPE_CHECKING:
     from dataproto.protocol import DataProto
@@ -100,7 +99,7 @@ def kept_rows(batch: DataProto, num_rows: int, device: torch.device) -> Tensor:
 def masked_stats(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(mean, max, min) of ``values`` over entries where ``mask`` is true; NaN when none are.
 
-    Out-of-mask entries never reach the result (NaN there is ignored). No host sync.
+    Out-of-mask entries never reach the result (NaN there is ignored).
 
     Example:
         >>> masked_stats(torch.tensor([1., 5., float("nan")]), torch.tensor([True, True, False]))
@@ -108,36 +107,56 @@ def masked_stats(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         >>> masked_stats(torch.tensor([1., 5.]), torch.tensor([False, False]))[0]
         tensor(nan)
     """
-    mask = mask.bool()
-    values = values.to(torch.promote_types(values.dtype, torch.float32))
-    count = mask.sum()
-    nan = torch.full((), float("nan"), dtype=values.dtype, device=values.device)
-    mean = masked_sum(values, mask) / count  # 0/0 = NaN when nothing is kept
-    highest = torch.where(mask, values, float("-inf")).amax()
-    lowest = torch.where(mask, values, float("inf")).amin()
-    return mean, torch.where(count > 0, highest, nan), torch.where(count > 0, lowest, nan)
+    return compact_stats(values.masked_select(mask.bool()))
 
 
-def explained_variance(returns: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-    """1 − var(R − V) / (var(R) + 1e-5) over masked tokens, unbiased variances; NaN if < 2 tokens.
+def compact_stats(kept: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(mean, max, min) of a 1-D tensor of kept entries; NaN for an empty one."""
+    kept = kept.to(torch.promote_types(kept.dtype, torch.float32))
+    if kept.numel() == 0:
+        nan = torch.full((), float("nan"), dtype=kept.dtype, device=kept.device)
+        return nan, nan, nan
+    lowest, highest = torch.aminmax(kept)
+    return kept.mean(), highest, lowest
+
+
+class TokenSelection:
+    """The valid (row, token) entries of a (B, R) mask, found once and gathered per key.
+
+    One ``nonzero`` pass over the mask, then an ``index_select`` per tensor: several times
+    faster than a ``masked_select`` per key on a (1024, 4096) batch. On a GPU ``nonzero`` waits
+    for the device once; these are logging-boundary statistics, computed once per step.
+    """
+
+    def __init__(self, mask: Tensor) -> None:
+        self.index = mask.bool().flatten().nonzero().squeeze(1)  # (N,) flat positions
+
+    def gather(self, values: Tensor) -> Tensor:
+        """(N,) the entries of a (B, R) tensor at the selected positions."""
+        return values.flatten().index_select(0, self.index)
+
+
+def explained_variance(returns: Tensor, values: Tensor, mask: Tensor | None = None) -> Tensor:
+    """1 − var(R − V) / (var(R) + 1e-5) over the tokens where ``mask`` is true (all tokens when
+    None, e.g. already-gathered 1-D tensors); unbiased variances; NaN with fewer than 2 tokens.
 
     Example:
-        >>> explained_variance(torch.tensor([1., 2., 3.]), torch.tensor([1., 2., 3.]), torch.ones(3))
+        >>> explained_variance(torch.tensor([1., 2., 3.]), torch.tensor([1., 2., 3.]))
         tensor(1.)
     """
-    mask = mask.bool()
-    count = mask.sum()
-
-    def unbiased_var(x: Tensor) -> Tensor:
-        mean = masked_sum(x, mask) / count
-        return masked_sum((x - mean) ** 2, mask) / (count - 1)
-
-    ratio = 1.0 - unbiased_var(returns - values) / (unbiased_var(returns) + EXPLAINED_VAR_EPS)
-    return torch.where(count >= 2, ratio, torch.full_like(ratio, float("nan")))
+    if mask is not None:
+        returns, values = returns.masked_select(mask.bool()), values.masked_select(mask.bool())
+    if returns.numel() < 2:
+        return torch.full((), float("nan"), dtype=returns.dtype, device=returns.device)
+    return 1.0 - torch.var(returns - values) / (torch.var(returns) + EXPLAINED_VAR_EPS)
 
 
 def _family(prefix: str, values: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    mean, highest, lowest = masked_stats(values, mask)
+    return _named(prefix, masked_stats(values, mask))
+
+
+def _named(prefix: str, stats: tuple[Tensor, Tensor, Tensor]) -> dict[str, Tensor]:
+    mean, highest, lowest = stats
     return {f"{prefix}/mean": mean, f"{prefix}/max": highest, f"{prefix}/min": lowest}
 
 
@@ -189,17 +208,17 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     prompt_length, response_length = response_lengths(batch)
     kept = kept_rows(batch, response_length.shape[0], response_length.device)  # (B,)
     non_aborted = kept & (response_length > 0)  # (B,)
-    tokens = tensors[keys.RESPONSE_MASK].bool() & kept[:, None]  # (B, R)
+    tokens = TokenSelection(tensors[keys.RESPONSE_MASK].bool() & kept[:, None])  # of (B, R)
 
     stats = _family("critic/score", tensors[keys.TOKEN_LEVEL_SCORES].sum(-1), non_aborted)
     stats |= _family("critic/rewards", tensors[keys.TOKEN_LEVEL_REWARDS].sum(-1), non_aborted)
-    stats |= _family("critic/advantages", tensors[keys.ADVANTAGES], tokens)
-    stats |= _family("critic/returns", tensors[keys.RETURNS], tokens)
+    stats |= _named("critic/advantages", compact_stats(tokens.gather(tensors[keys.ADVANTAGES])))
+    returns = tokens.gather(tensors[keys.RETURNS])  # (N,)
+    stats |= _named("critic/returns", compact_stats(returns))
     if use_critic:
-        stats |= _family("critic/values", tensors[keys.VALUES], tokens)
-        stats["critic/vf_explained_var"] = explained_variance(
-            tensors[keys.RETURNS].float(), tensors[keys.VALUES].float(), tokens
-        )
+        values = tokens.gather(tensors[keys.VALUES])  # (N,)
+        stats |= _named("critic/values", compact_stats(values))
+        stats["critic/vf_explained_var"] = explained_variance(returns.float(), values.float())
     response_width = tensors[keys.RESPONSES].shape[-1]
     stats |= _length_family("response_length", response_length, kept, response_width)
     stats |= _length_family(
