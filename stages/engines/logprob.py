@@ -4,8 +4,9 @@ The response token at position t of the full sequence (t ≥ P) is predicted fro
 at t − 1, so for a (B, T = P + R) sequence the R response tokens use the hidden states at
 positions P − 1 … T − 2. The vocabulary projection, the temperature scaling and the log-softmax are
 done ``chunk_tokens`` response positions at a time, so no float32 (B, T, V) logits tensor is ever
-held at once; with ``requires_grad`` each chunk is recomputed in the backward pass
-(activation checkpointing), so the autograd graph does not keep the chunks' logits either.
+held at once; with ``requires_grad`` each chunk larger than ``RECOMPUTE_ABOVE_BYTES`` is
+recomputed in the backward pass (activation checkpointing), so the autograd graph does not keep
+large chunks' logits either.
 """
 
 from __future__ import annotations
@@ -16,6 +17,14 @@ from torch.utils.checkpoint import checkpoint
 
 #: response positions per vocabulary-projection chunk (chunk logits are chunk·B·V floats)
 DEFAULT_CHUNK_TOKENS = 256
+#: a chunk whose float32 logits are smaller than this keeps them for backward instead of
+#: recomputing them (recompute costs a second vocabulary projection; small logits are cheap to keep)
+RECOMPUTE_ABOVE_BYTES = 64 << 20
+
+
+def _logits_bytes(hidden_chunk: Tensor, lm_head: nn.Module) -> int:
+    """Bytes of the float32 (B, C, V) logits of one chunk."""
+    return hidden_chunk.shape[0] * hidden_chunk.shape[1] * lm_head.weight.shape[0] * 4
 
 
 def token_logprobs_and_entropy(
@@ -96,7 +105,11 @@ def response_logprobs(
     pieces = []
     for start in range(0, response_length, chunk_tokens):
         args = (hidden[:, start : start + chunk_tokens], labels[:, start : start + chunk_tokens])
-        if torch.is_grad_enabled() and hidden.requires_grad:
+        if (
+            torch.is_grad_enabled()
+            and hidden.requires_grad
+            and _logits_bytes(args[0], lm_head) > RECOMPUTE_ABOVE_BYTES
+        ):
             piece = checkpoint(
                 _project_chunk, *args, lm_head, temperature, calculate_entropy, use_reentrant=False
             )

@@ -68,7 +68,11 @@ def test_entropy_matches_softmax_definition(tiny_lm):
     torch.testing.assert_close(entropy, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_gradients_flow_through_checkpointed_chunks(tiny_lm):
+@pytest.mark.parametrize("recompute_above", [0, 1 << 40], ids=["recomputed", "kept"])
+def test_gradients_flow_through_checkpointed_chunks(tiny_lm, monkeypatch, recompute_above):
+    import stages.engines.logprob as logprob
+
+    monkeypatch.setattr(logprob, "RECOMPUTE_ABOVE_BYTES", recompute_above)
     ids, mask, pos = left_right_padded_batch([2, 3], [3, 1], P=3, R=3)
     tiny_lm.zero_grad()
     got, _ = response_logprobs(tiny_lm, ids, mask, pos, 3, chunk_tokens=2)

@@ -1,0 +1,272 @@
+"""GPU figures for ``bench/gpu_check.sh``: peak bf16 matmul, actor-update MFU, rollout tokens/s.
+
+Run on a CUDA machine from the repository root (the shell script does this, one part per process
+so a crash or a vLLM process group cannot take the other figures down):
+
+    python bench/gpu_check.py peak    --report gpu_report.md
+    python bench/gpu_check.py mfu     --report gpu_report.md [--peak-tflops 788]
+    python bench/gpu_check.py rollout --report gpu_report.md
+
+Each part appends a markdown section to ``--report`` and prints it.
+
+- peak: an 8192³ bf16 matmul (3 warm-ups, best of 10, CUDA events) → TFLOP/s; the MFU
+  denominator. For reference: H200 datasheet dense bf16 ≈ 989 TFLOP/s; measured on this
+  workplace's H200s 769–798 TFLOP/s (device KINDS.md).
+- mfu: ``update_actor`` on a DeepSpeed ZeRO-2 bf16 engine (FusedAdam) over one mini-batch of
+  B × (P + R) tokens (micro-batches of ``--micro`` rows), a random-init Qwen2 of ~0.36 B
+  non-embedding parameters (hidden 1024, 24 layers, 16 heads / 4 KV heads, MLP 4096, the tiny
+  byte tokenizer's vocabulary). MFU = 6 · N · tokens/s ÷ peak, N = non-embedding parameters,
+  tokens = non-padding tokens of the mini-batch (attention FLOPs are not counted).
+- rollout: the same model in bf16: ``rollout_hf.generate_sequences`` (all rows in one batch) and,
+  when ``vllm`` imports, ``VLLMRollout`` (bf16, eager mode) on the same prompts and sampling
+  settings. tokens/s = generated tokens (Σ response_mask) ÷ wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODEL_SHAPE = dict(
+    hidden_size=1024,
+    num_layers=24,
+    num_heads=16,
+    num_kv_heads=4,
+    intermediate_size=4096,
+    max_position_embeddings=4096,
+)
+
+
+def cuda_seconds(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+    """Best seconds of ``repeats`` calls of ``fn`` after ``warmup`` calls, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return best
+
+
+def peak_part(args: argparse.Namespace) -> list[str]:
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    seconds = cuda_seconds(lambda: a @ b, warmup=3, repeats=10)
+    tflops = 2 * n**3 / seconds / 1e12
+    return [
+        "## Peak bf16 matmul",
+        f"- {n}³ bf16 matmul, best of 10: **{tflops:.0f} TFLOP/s** (datasheet dense bf16 ≈ 989)",
+        f"<!-- peak_tflops={tflops:.1f} -->",
+    ]
+
+
+def build_model_dir(root: Path) -> Path:
+    from stages.data.tiny_model import make_tiny_model
+
+    return make_tiny_model(root / "model", **MODEL_SHAPE)
+
+
+def non_embedding_params(model: torch.nn.Module) -> int:
+    """Parameters outside the input embedding (the tied LM head counts once, as the embedding)."""
+    embedding = model.get_input_embeddings().weight
+    return sum(p.numel() for p in model.parameters() if p is not embedding)
+
+
+def mfu_batch(rows: int, prompt: int, response: int, vocab: int):
+    """Random rollout-shaped batch on CUDA: left-padded prompts, right-padded responses."""
+    from tensordict import TensorDict
+
+    from dataproto import DataProto
+
+    gen = torch.Generator().manual_seed(0)
+    prompt_lens = torch.randint(prompt // 2, prompt + 1, (rows,), generator=gen)
+    response_lens = torch.randint(response // 2, response + 1, (rows,), generator=gen)
+    cols = torch.arange(prompt + response)
+    mask = (
+        (cols >= prompt - prompt_lens[:, None]) & (cols < prompt + response_lens[:, None])
+    ).long()
+    ids = torch.randint(3, vocab, (rows, prompt + response), generator=gen).masked_fill(
+        mask == 0, 0
+    )
+    response_mask = mask[:, prompt:]
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": ids[:, prompt:],
+        "response_mask": response_mask,
+        "advantages": torch.randn(rows, response, generator=gen) * response_mask,
+        "old_log_probs": (-5.0 + 0.3 * torch.randn(rows, response, generator=gen)) * response_mask,
+    }
+    td = TensorDict(tensors, batch_size=[rows]).to("cuda")
+    return DataProto(batch=td, non_tensor_batch={}, meta_info={})
+
+
+def mfu_part(args: argparse.Namespace) -> list[str]:
+    from stages.engines.actor import PPOUpdateSettings, update_actor
+    from stages.engines.batching import MicroBatching
+    from stages.engines.deepspeed_setup import EngineSettings, initialize_engine
+    from stages.engines.logprob import ResponseLogProbModel
+    from stages.engines.models import load_causal_lm
+
+    with tempfile.TemporaryDirectory(prefix="ppoflow-gpu-") as root:
+        lm = load_causal_lm(build_model_dir(Path(root)), dtype="bf16")
+    n_params = non_embedding_params(lm)
+    engine = initialize_engine(
+        ResponseLogProbModel(lm), EngineSettings(zero_stage=args.zero_stage, dtype="bf16", lr=1e-6)
+    )
+    batch = mfu_batch(args.rows, args.prompt, args.response, lm.config.vocab_size)
+    tokens = int(batch.batch["attention_mask"].sum())
+    settings = PPOUpdateSettings(
+        mini_batch_size=args.rows, micro=MicroBatching(micro_batch_size=args.micro)
+    )
+    loss = {"clip_ratio": 0.2, "loss_agg_mode": "token-mean", "entropy_coeff": 0.0}
+    seconds = cuda_seconds(lambda: update_actor(engine, batch, settings, loss), warmup=1, repeats=3)
+    tokens_s = tokens / seconds
+    achieved = 6 * n_params * tokens_s / 1e12
+    memory = torch.cuda.max_memory_allocated() / 2**30
+    return [
+        f"## Actor update MFU (DeepSpeed ZeRO-{args.zero_stage}, bf16, FusedAdam)",
+        f"- model: random Qwen2, N = {n_params / 1e6:.0f} M non-embedding parameters",
+        f"- mini-batch: {args.rows} rows × ({args.prompt} + {args.response}), micro-batch "
+        f"{args.micro} rows, {tokens} non-padding tokens; best of 3 steps: {seconds:.3f} s",
+        f"- **{tokens_s:,.0f} tokens/s**, 6·N·tokens/s = {achieved:.0f} TFLOP/s → "
+        f"**MFU {achieved / args.peak_tflops:.1%}** of {args.peak_tflops:.0f} TFLOP/s "
+        f"({achieved / 989:.1%} of the 989 datasheet figure)",
+        f"- peak GPU memory allocated: {memory:.1f} GiB",
+    ]
+
+
+def prompt_batch(rows: int, width: int, vocab: int, pad: int):
+    from tensordict import TensorDict
+
+    from dataproto import DataProto
+
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.randint(width // 2, width + 1, (rows,), generator=gen)
+    mask = (torch.arange(width) >= width - lengths[:, None]).long()
+    ids = torch.randint(3, vocab, (rows, width), generator=gen).masked_fill(mask == 0, pad)
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+    }
+    return DataProto(
+        batch=TensorDict(tensors, batch_size=[rows]), non_tensor_batch={}, meta_info={}
+    )
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def hf_rollout(model_dir: Path, prompts, settings) -> tuple[float, int]:
+    from stages.engines.models import load_causal_lm
+    from stages.engines.rollout_hf import generate_sequences
+
+    model = load_causal_lm(model_dir, dtype="bf16").to("cuda")
+    on_gpu = type(prompts)(batch=prompts.batch.to("cuda"), non_tensor_batch={}, meta_info={})
+    generate_sequences(model, on_gpu, settings)  # warm-up
+    seconds, out = timed(lambda: generate_sequences(model, on_gpu, settings))
+    return seconds, int(out.batch["response_mask"].sum())
+
+
+def vllm_rollout(model_dir: Path, prompts, settings, max_model_len: int) -> tuple[float, int]:
+    from stages.engines.rollout_vllm import VLLMRollout
+
+    with VLLMRollout(
+        model_dir,
+        dtype="bfloat16",
+        max_model_len=max_model_len,
+        gpu_memory_utilization=0.4,
+        enforce_eager=True,
+        seed=0,
+    ) as engine:
+        engine.generate_sequences(prompts, settings)  # warm-up
+        seconds, out = timed(lambda: engine.generate_sequences(prompts, settings))
+    return seconds, int(out.batch["response_mask"].sum())
+
+
+def rollout_part(args: argparse.Namespace) -> list[str]:
+    from stages.data.tokenizer import build_tiny_tokenizer
+    from stages.engines.rollout_hf import SamplingSettings
+
+    tokenizer = build_tiny_tokenizer()
+    settings = SamplingSettings(
+        response_length=args.response,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        temperature=1.0,
+    )
+    prompts = prompt_batch(args.rows, args.prompt, len(tokenizer), tokenizer.pad_token_id)
+    lines = [
+        "## Rollout tokens/s (bf16, same prompts and sampling)",
+        f"- {args.rows} prompts × P={args.prompt}, R ≤ {args.response}, temperature 1; "
+        "generated tokens (Σ response_mask) ÷ wall time of one call after a warm-up call",
+    ]
+    with tempfile.TemporaryDirectory(prefix="ppoflow-gpu-") as root:
+        model_dir = build_model_dir(Path(root))
+        hf_s, hf_tokens = hf_rollout(model_dir, prompts, settings)
+        gc.collect()  # the HF model's memory back before vLLM sizes its KV cache
+        torch.cuda.empty_cache()
+        lines.append(
+            f"- hf (generate, one batch): **{hf_tokens / hf_s:,.0f} tokens/s** ({hf_tokens} tokens, {hf_s:.2f} s)"
+        )
+        try:
+            import vllm  # noqa: F401
+        except ImportError as error:
+            lines.append(f"- vllm: not measured, vllm does not import here ({error})")
+            return lines
+        v_s, v_tokens = vllm_rollout(model_dir, prompts, settings, args.prompt + args.response)
+    lines.append(
+        f"- vllm (eager): **{v_tokens / v_s:,.0f} tokens/s** ({v_tokens} tokens, {v_s:.2f} s)"
+    )
+    lines.append(f"- vllm ÷ hf: **{(v_tokens / v_s) / (hf_tokens / hf_s):.1f}×**")
+    return lines
+
+
+PARTS = {"peak": peak_part, "mfu": mfu_part, "rollout": rollout_part}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=sorted(PARTS))
+    parser.add_argument("--report", type=Path, required=True, help="markdown file to append to")
+    parser.add_argument("--peak-tflops", type=float, default=788.0, help="MFU denominator")
+    parser.add_argument("--zero-stage", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--response", type=int, default=512)
+    parser.add_argument("--micro", type=int, default=16, help="rows per micro-batch (mfu)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_check.py needs CUDA: torch.cuda.is_available() is False")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    lines = PARTS[args.part](args)
+    text = "\n".join(lines) + "\n\n"
+    print(text, flush=True)
+    with args.report.open("a") as report:
+        report.write(text)
+
+
+if __name__ == "__main__":
+    main()

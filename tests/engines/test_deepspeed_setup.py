@@ -1,0 +1,112 @@
+"""Engine settings: validation, the DeepSpeed config, the lr schedule, offload and bf16 paths."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from stages.engines.deepspeed_setup import (
+    EngineSettings,
+    deepspeed_config,
+    initialize_engine,
+    lr_lambda,
+    step_lr_schedule,
+)
+from stages.engines.logprob import ResponseLogProbModel
+from stages.engines.models import load_causal_lm
+
+
+def test_constant_schedule_with_linear_warmup():
+    multiplier = lr_lambda(EngineSettings(warmup_steps=3, total_steps=10))
+    assert [multiplier(s) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+
+
+def test_cosine_schedule_reaches_its_floor():
+    settings = EngineSettings(
+        lr_scheduler="cosine", warmup_steps=2, total_steps=12, min_lr_ratio=0.1
+    )
+    multiplier = lr_lambda(settings)
+    assert multiplier(2) == pytest.approx(1.0)
+    assert multiplier(7) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert multiplier(12) == pytest.approx(0.1)
+    assert multiplier(40) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"zero_stage": 4}, "zero_stage"),
+        ({"dtype": "fp16"}, "dtype"),
+        ({"lr_scheduler": "linear"}, "lr_scheduler"),
+        ({"offload_optimizer": True}, "offload"),
+        ({"zero_stage": 2, "offload_param": True}, "offload_param"),
+    ],
+)
+def test_bad_settings_name_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EngineSettings(**kwargs)
+
+
+def test_deepspeed_config_reflects_the_settings():
+    config = deepspeed_config(
+        EngineSettings(
+            zero_stage=3, dtype="bf16", offload_optimizer=True, offload_param=True, clip_grad=0.5
+        ),
+        micro_batch_size=2,
+        world_size=4,
+    )
+    assert config["train_batch_size"] == 8 and config["gradient_accumulation_steps"] == 1
+    assert config["bf16"] == {"enabled": True} and config["gradient_clipping"] == 0.5
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu"
+    assert zero["offload_param"]["device"] == "cpu"
+
+
+def test_schedule_steps_once_per_training_step(tiny_model_dir):
+    engine = initialize_engine(
+        ResponseLogProbModel(load_causal_lm(tiny_model_dir)),
+        EngineSettings(lr=1e-3, warmup_steps=1, total_steps=4),
+    )
+    assert engine.get_lr()[0] == pytest.approx(0.5e-3)
+    step_lr_schedule(engine)
+    assert engine.get_lr()[0] == pytest.approx(1e-3)
+
+
+def test_bf16_engine_computes_float32_logprobs(tiny_model_dir, make_rollout_batch):
+    from stages.engines.actor import compute_log_prob
+    from stages.engines.batching import MicroBatching
+
+    engine = initialize_engine(
+        ResponseLogProbModel(load_causal_lm(tiny_model_dir)),
+        EngineSettings(zero_stage=2, dtype="bf16"),
+    )
+    batch = make_rollout_batch([2, 3], [3, 1], P=3, R=3)
+    delta, _ = compute_log_prob(engine, batch, MicroBatching())
+    logprobs = delta.batch["old_log_probs"]
+    assert logprobs.dtype == torch.float32 and torch.isfinite(logprobs).all()
+    assert next(engine.module.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.slow
+def test_optimizer_offload_trains_like_no_offload(tiny_model_dir, make_rollout_batch):
+    """ZeRO-2 with the optimizer offloaded to DeepSpeed's CPU Adam (compiled on first use)."""
+    from stages.engines.actor import PPOUpdateSettings, update_actor
+
+    batch = make_rollout_batch([3, 2, 4, 1], [3, 2, 1, 3], P=4, R=3, seed=4)
+    weights = []
+    for offload in (False, True):
+        torch.manual_seed(0)
+        engine = initialize_engine(
+            ResponseLogProbModel(load_causal_lm(tiny_model_dir)),
+            EngineSettings(zero_stage=2, lr=1e-2, eps=1e-3, offload_optimizer=offload),
+        )
+        update_actor(
+            engine, batch, PPOUpdateSettings(mini_batch_size=4), {"loss_agg_mode": "token-mean"}
+        )
+        weights.append({n: p.detach().clone() for n, p in engine.module.named_parameters()})
+    for name in weights[0]:
+        torch.testing.assert_close(
+            weights[1][name], weights[0][name], atol=1e-5, rtol=1e-4, msg=name
+        )
