@@ -37,5 +37,5 @@ def test_critic_from_the_actor_directory_has_a_scalar_head(tiny_model_dir):
 
 
 def test_missing_model_directory_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no config.json.*make-tiny-model"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json.*make-tiny-model"):
         load_causal_lm(tmp_path / "nowhere")
