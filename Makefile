@@ -9,7 +9,7 @@ PPOFLOW := $(VENV)/bin/ppoflow
 DEMO_DIR ?= outputs/demo
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install install-vllm demo test test-all test-slow test-vllm lint bench-env
+.PHONY: install install-vllm demo test test-all test-slow test-vllm lint lint-docker bench-env
 
 install: $(VENV)/.installed
 
@@ -56,6 +56,12 @@ test-all: test test-slow test-vllm
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The Dockerfiles and the compose file, checked without a Docker engine.
+lint-docker: install
+	$(VENV)/bin/hadolint docker/Dockerfile docker/Dockerfile.cuda
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker/compose.yaml
+	$(PY) -m pytest -q tests/deploy
 
 # Baselines for bench/: verl 0.9.1 without its pins, plus what its imports need.
 bench-env: install

@@ -116,7 +116,7 @@ def _local_group(factory: Callable[..., Any], world_size: int, **kwargs: Any) ->
     if world_size != 1:
         raise ValueError(
             f"the local worker backend runs one rank in this process, got world_size="
-            f"{world_size}; set trainer.worker_backend=ray for more ranks, or "
+            f"{world_size}; set ppoflow.workers.backend=ray for more ranks, or "
             "trainer.nnodes=1 and trainer.n_gpus_per_node=1"
         )
     return LocalWorkerGroup(factory, **kwargs)
@@ -128,7 +128,7 @@ def _ray_group(factory: Callable[..., Any], world_size: int, **kwargs: Any) -> W
     return RayWorkerGroup(factory, world_size, **kwargs)
 
 
-#: ``trainer.worker_backend`` → ``builder(factory, world_size, **kwargs)``
+#: ``ppoflow.workers.backend`` → ``builder(factory, world_size, **kwargs)``
 WORKER_BACKENDS = Registry[Callable[..., WorkerGroup]]("worker backend")
 WORKER_BACKENDS.add("local", _local_group)
 WORKER_BACKENDS.add("ray", _ray_group)
@@ -137,7 +137,7 @@ WORKER_BACKENDS.add("ray", _ray_group)
 def make_worker_group(
     backend: str, factory: Callable[..., Any], world_size: int, **kwargs: Any
 ) -> WorkerGroup:
-    """A worker group for ``trainer.worker_backend`` (a name in :data:`WORKER_BACKENDS`).
+    """A worker group for ``ppoflow.workers.backend`` (a name in :data:`WORKER_BACKENDS`).
 
     ``local`` needs ``world_size == 1`` (one rank in this process); ``ray`` starts ``world_size``
     ranks (``trainer.nnodes × trainer.n_gpus_per_node``). ``kwargs`` go to the group's

@@ -50,7 +50,7 @@ def import_ray():
     except ImportError as error:
         raise ImportError(
             "the 'ray' worker backend needs Ray, which is not installed: "
-            "pip install 'ppoflow[ray]' (or set trainer.worker_backend=local)"
+            "pip install 'ppoflow[ray]' (or set ppoflow.workers.backend=local)"
         ) from error
     return ray
 

@@ -194,7 +194,7 @@ def test_local_group_runs_the_worker_in_this_process():
 def test_make_worker_group_checks_backend_and_size():
     group = make_worker_group("local", Scaler, 1, factor=2)
     assert group.world_size == 1 and group.worker.factor == 2
-    with pytest.raises(ValueError, match=r"world_size=2.*trainer\.worker_backend=ray"):
+    with pytest.raises(ValueError, match=r"world_size=2.*ppoflow\.workers\.backend=ray"):
         make_worker_group("local", Scaler, 2, factor=2)
     with pytest.raises(KeyError, match=r"unknown worker backend 'mpi'; known: \['local', 'ray'\]"):
         make_worker_group("mpi", Scaler, 1, factor=2)
