@@ -28,7 +28,9 @@ RESPONSE_LENGTH = "response_length"  # (B,) int64, optional: precomputed valid r
 PROMPT_INPUT_IDS = "prompt_input_ids"  # (B, P) int64: the step input's prompts, left-padded
 PROMPT_ATTENTION_MASK = "prompt_attention_mask"  # (B, P) int64 {0,1}: the step input's prompt mask
 PROMPT_POSITION_IDS = "prompt_position_ids"  # (B, P) int64: the step input's prompt positions
-BALANCE_ORDER = "balance_order"  # (B,) int64: the balance stage's row permutation (new row i = old row perm[i])
+BALANCE_ORDER = (
+    "balance_order"  # (B,) int64: the balance stage's row permutation (new row i = old row perm[i])
+)
 
 # --- non-tensor layer (numpy, dim 0 = rows) ---
 UID = "uid"  # (B,) object str: the prompt group
@@ -40,7 +42,9 @@ ABILITY = "ability"  # (B,) object str
 INDEX = "index"  # (B,) object int: extra_info["index"] (0 when absent)
 NUM_TURNS = "__num_turns__"  # (B,) int
 TOOL_CALL_COUNTS = "tool_call_counts"  # (B,) int
-IS_PAD = "is_pad"  # (B,) bool: True on rows duplicated by pad_dataproto_to_divisor; metrics exclude them
+IS_PAD = (
+    "is_pad"  # (B,) bool: True on rows duplicated by pad_dataproto_to_divisor; metrics exclude them
+)
 
 # --- meta_info (per step) ---
 TEMPERATURE = "temperature"  # float

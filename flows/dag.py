@@ -42,7 +42,8 @@ def skip_reason(stage: Stage) -> str:
     condition = getattr(stage.when, "__name__", "when")
     if condition == "<lambda>":
         condition = "when"
-    return f"disabled: {condition}(config) is False"
+    arguments = "config, step" if stage.needs_step else "config"
+    return f"disabled: {condition}({arguments}) is False"
 
 
 def _check_names(stages: Sequence[Stage]) -> None:

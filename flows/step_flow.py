@@ -114,9 +114,7 @@ def apply_reorder(
     name = stage.reorders
     perm = batch.batch[name]
     rows = len(batch)
-    if perm.shape != (rows,) or not bool(
-        (perm.sort().values.cpu() == torch.arange(rows)).all()
-    ):
+    if perm.shape != (rows,) or not bool((perm.sort().values.cpu() == torch.arange(rows)).all()):
         raise ValueError(
             f"stage {stage.name!r}: {name!r} must be a permutation of 0…{rows - 1} with shape "
             f"({rows},), got shape {tuple(perm.shape)} values {perm.tolist()[:16]}"

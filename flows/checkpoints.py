@@ -1,0 +1,125 @@
+"""Run checkpoints every ``trainer.save_freq`` steps: engines, data position, KL controller.
+
+Layout (verl's, SPEC §6) under ``trainer.default_local_dir``::
+
+    global_step_<N>/actor/        the actor engine (stages/engines/checkpoint.py: weights,
+    global_step_<N>/critic/       optimizer, lr schedule, RNG states), critic when in use
+    global_step_<N>/data/state.json   the loader position, the KL controller, the weights lineage
+    latest_checkpointed_iteration.txt  N (written after everything else)
+
+Each engine directory is written atomically by its worker; ``state.json`` by temp + rename; the
+tracker last, so it never names an incomplete step. Then all but the newest
+``max_actor_ckpt_to_keep`` (or ``max_critic_ckpt_to_keep`` when smaller) steps are deleted.
+
+Resume (``trainer.resume_mode``, :func:`resume_step`): ``disable`` starts fresh; ``auto`` takes
+the step in the tracker of ``default_local_dir`` (fresh when there is none); ``resume_path``
+takes ``resume_from_path``, a ``…/global_step_N`` folder. :func:`load_run_checkpoint` restores
+the engines (weights, optimizer, lr schedule, RNG states) and returns the run state; the loader
+position is restored even at an epoch boundary (the loader's state points at the next batch
+there, so the verl 0.9.1 skip is not needed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from stages.engines.checkpoint import (
+    checkpoint_dir,
+    prune_checkpoints,
+    read_latest_step,
+    write_latest_step,
+)
+
+DATA_ROLE = "data"
+STATE_FILE = "state.json"
+CHECKPOINT_ROLES = ("actor", "critic")
+
+
+def controller_state(kl_ctrl: Any) -> dict[str, Any] | None:
+    """The KL controller's plain attributes (β ``value``, adaptive target/horizon), or None."""
+    if kl_ctrl is None:
+        return None
+    return {"type": type(kl_ctrl).__name__, **vars(kl_ctrl)}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        json.dump(data, out, indent=1, sort_keys=True)
+    os.replace(temp, path)
+
+
+def keep_last(trainer: Any) -> int | None:
+    """How many checkpoint steps to keep (None = all): the smaller of the two keep-limits."""
+    limits = [n for n in (trainer.max_actor_ckpt_to_keep, trainer.max_critic_ckpt_to_keep) if n]
+    return min(limits) if limits else None
+
+
+def save_run_checkpoint(
+    root: str | Path, step: int, engines: dict[str, Any], run_state: dict[str, Any], trainer: Any
+) -> Path:
+    """Save step ``step`` (module docstring); ``run_state`` is JSON data (loader, KL, lineage)."""
+    for role in CHECKPOINT_ROLES:
+        if role in engines:
+            directory = checkpoint_dir(root, step, role)
+            engines[role].call_all(
+                "save_checkpoint", directory=str(directory), client_state={"global_step": step}
+            )
+    data_dir = checkpoint_dir(root, step, DATA_ROLE)
+    _write_json(data_dir / STATE_FILE, {"global_step": step, **run_state})
+    write_latest_step(root, step)
+    prune_checkpoints(root, keep_last(trainer))
+    return data_dir.parent
+
+
+def resume_step(trainer: Any) -> tuple[Path, int] | None:
+    """(checkpoint root, step) to resume from under ``trainer.resume_mode``, or None (fresh)."""
+    if trainer.resume_mode == "disable":
+        return None
+    if trainer.resume_mode == "auto":
+        step = read_latest_step(trainer.default_local_dir)
+        return None if step is None else (Path(trainer.default_local_dir), step)
+    path = Path(trainer.resume_from_path or "")
+    match = re.fullmatch(r"global_step_(\d+)", path.name)
+    if match is None or not path.is_dir():
+        raise ValueError(
+            f"trainer.resume_from_path={trainer.resume_from_path!r} must be an existing "
+            "…/global_step_N checkpoint folder (resume_mode resume_path)"
+        )
+    return path.parent, int(match.group(1))
+
+
+def load_run_checkpoint(root: str | Path, step: int, engines: dict[str, Any]) -> dict[str, Any]:
+    """Restore the engines of ``root/global_step_<step>``; returns its ``state.json`` data."""
+    state_file = checkpoint_dir(root, step, DATA_ROLE) / STATE_FILE
+    if not state_file.is_file():
+        raise FileNotFoundError(
+            f"checkpoint step {step} under {root} has no {DATA_ROLE}/{STATE_FILE}; it was not "
+            "written by ppoflow train (or is incomplete); set trainer.resume_mode=disable"
+        )
+    for role in CHECKPOINT_ROLES:
+        if role in engines:
+            engines[role].call_all(
+                "load_checkpoint", directory=str(checkpoint_dir(root, step, role))
+            )
+    return json.loads(state_file.read_text(encoding="utf-8"))
+
+
+def restore_controller(kl_ctrl: Any, state: dict[str, Any] | None) -> None:
+    """Put a saved :func:`controller_state` back into ``kl_ctrl`` (same type required)."""
+    if kl_ctrl is None or state is None:
+        return
+    saved = dict(state)
+    kind = saved.pop("type")
+    if kind != type(kl_ctrl).__name__:
+        raise ValueError(
+            f"the checkpoint holds a {kind} KL controller, the config builds a "
+            f"{type(kl_ctrl).__name__}; resume with the same algorithm.kl_ctrl.type"
+        )
+    vars(kl_ctrl).update(saved)

@@ -1,0 +1,77 @@
+"""``ppoflow train CONFIG [key=value …] [--run-dir DIR]``: train, then print the run dir last.
+
+Exit status: 0 on success; 2 for a bad config; 1 for any other failure, with a one-line error on
+stderr (``--verbose`` shows the traceback instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Annotated
+
+import typer
+
+from stages.config import ConfigError
+
+QUIET_LOGGERS = {
+    "prefect": logging.WARNING,
+    "prefect.task_runs": logging.WARNING,
+    "prefect.flow_runs": logging.CRITICAL,
+}
+
+
+def train_command(
+    config: Annotated[
+        str, typer.Argument(help="Config file, or a name in configs/ (grpo, demo-cpu)")
+    ],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="key.path=value overrides, values parsed as YAML"),
+    ] = None,
+    run_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--run-dir",
+            help="Run directory (local path or fsspec URL); default "
+            "<ppoflow.artifact_dir>/<experiment_name>-<time>",
+        ),
+    ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", help="Print Prefect's per-task log lines, and a traceback on failure"
+        ),
+    ] = False,
+) -> None:
+    """Train with PPO-family RL; the last line printed is the run directory."""
+    from flows.train import resolve_config, train
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network calls
+    # the per-run loggers are restored afterwards; "prefect" stays quiet, since the temporary
+    # server's "Stopping …" line comes at interpreter exit, after the run dir
+    saved = {name: logging.getLogger(name).level for name in QUIET_LOGGERS if name != "prefect"}
+    if not verbose:  # one progress line per step instead of Prefect's lines per stage; a
+        # failure is reported below in one line, not by the flow run's traceback log
+        for name, level in QUIET_LOGGERS.items():
+            logging.getLogger(name).setLevel(level)
+    try:
+        cfg = resolve_config(config, overrides or [])  # a bad config fails before Prefect starts
+        result = train(cfg, [], run_dir)
+    except Exception as err:
+        if verbose:
+            raise
+        typer.echo(f"error: {type(err).__name__}: {' '.join(str(err).split())}", err=True)
+        raise typer.Exit(code=2 if isinstance(err, ConfigError) else 1) from None
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+    typer.echo(result.run_dir)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``train`` command to the ``ppoflow`` app."""
+    app.command("train")(train_command)
+
+
+__all__ = ["register", "train_command"]

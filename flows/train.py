@@ -1,0 +1,327 @@
+"""The training flow: one Prefect flow run for the whole training, the PPO step's stages as tasks.
+
+``train(config, overrides, run_dir)`` reads like verl's ``fit`` without its branches:
+
+1. resolve and validate the config, create the run directory (``RunStore``) and save the config;
+2. load the tokenizer and the train / validation datasets, build the loader;
+3. build the engines once (``flows.engines``: actor, ref, critic, reward pool), open MLflow
+   (experiment = ``trainer.project_name``, run = ``trainer.experiment_name``; default store
+   ``<run_dir>/mlflow.db``) and log the config as params;
+4. ``val_before_train``; then for each step: the step input (uid per prompt, repeat n), the step
+   flow's stages (``run_step.fn`` inside this flow run, so no per-step flow-run overhead), the
+   step metrics (stage metrics, data, timing, throughput, ``training/*``) → MLflow, validation
+   every ``test_freq`` steps and at the last step, a checkpoint every ``save_freq`` steps, a
+   markdown summary of the step as a Prefect artifact (``flows.step_report``);
+5. a summary; the engines and the reward pool are closed in ``finally``.
+
+With ``trainer.resume_mode`` auto (a tracker in ``default_local_dir``) or resume_path, step 3
+also restores the checkpoint (engines, RNG states, loader position, KL controller) and the run
+continues at step N + 1 in a new run directory.
+
+The KL controller (KL in the reward) is run state: its β enters each step input as
+``meta_info.kl_coef`` and it is updated from the advantage stage's ``actor/reward_kl_penalty``
+after the step, so a cached advantage stage updates it too. Weight fingerprints for the cache
+keys follow ``flows.engines.WeightsLineage``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import torch
+
+from dataproto import DataProto
+from dataproto import keys as K
+from flows.checkpoints import (
+    controller_state,
+    load_run_checkpoint,
+    restore_controller,
+    resume_step,
+    save_run_checkpoint,
+)
+from flows.engines import WeightsLineage, build_engines, close_engines
+from flows.mlflow_logger import MLflowLogger
+from flows.progress import SCORE, Progress
+from flows.run_store import RunStore, StageRecord
+from flows.step_flow import StepFlow, StepResult, run_step
+from flows.step_report import publish_step_report
+from flows.validate import validate
+from stages.advantage import KL_METRIC
+from stages.algos.kl_control import get_kl_controller
+from stages.config import PPORunConfig, apply_overrides, load_config
+from stages.data import StatefulPromptLoader, load_prompt_dataset, load_tokenizer
+from stages.metrics import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+)
+from stages.ppo import PPO_STAGES, make_step_input
+from stages.stage import StageContext
+
+#: Prefect retries of the stages that write no weights (rollout, reward, log-probs, advantage)
+IDEMPOTENT_RETRIES = 1
+
+
+@dataclass
+class TrainResult:
+    """What ``train`` returns: where the run is and how it went."""
+
+    run_dir: str
+    mlflow_run_id: str | None
+    steps: int
+    val_before: float | None = None
+    val_after: float | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+# --- set-up ------------------------------------------------------------------------------------
+
+
+def resolve_config(config: str | os.PathLike | PPORunConfig, overrides=()) -> PPORunConfig:
+    """A validated config from a path (or a config name) plus ``key=value`` overrides."""
+    overrides = list(overrides or ())
+    if isinstance(config, PPORunConfig):
+        return apply_overrides(config, overrides) if overrides else config
+    return load_config(config, overrides)
+
+
+def default_run_dir(cfg: PPORunConfig) -> str:
+    """``<ppoflow.artifact_dir>/<experiment_name>-<UTC time>``."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
+    return f"{cfg.ppoflow.artifact_dir.rstrip('/')}/{cfg.trainer.experiment_name}-{stamp}"
+
+
+def check_supported(cfg: PPORunConfig) -> None:
+    """Fail before any work on settings this flow does not implement (named, with the fix)."""
+    if cfg.algorithm.adv_estimator == "remax":
+        raise NotImplementedError(
+            "algorithm.adv_estimator=remax needs a greedy baseline rollout, which the PPO step "
+            "does not produce yet; choose another estimator"
+        )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def load_datasets(cfg: PPORunConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """(train, validation) ``PromptDataset`` from data.train_files / data.val_files."""
+    options = dict(
+        max_prompt_length=cfg.data.max_prompt_length,
+        prompt_key=cfg.data.prompt_key,
+        truncation=cfg.data.truncation,
+        filter_overlong_prompts=cfg.data.filter_overlong_prompts,
+    )
+    train_set = load_prompt_dataset(cfg.data.train_files, tokenizer, **options)
+    val_set = load_prompt_dataset(cfg.data.val_files, tokenizer, **options)
+    return train_set, val_set
+
+
+@dataclass
+class TrainRun:
+    """Everything one training run holds between steps."""
+
+    cfg: PPORunConfig
+    store: RunStore
+    tokenizer: Any
+    val_set: Any
+    loader: StatefulPromptLoader
+    total_steps: int
+    engines: dict[str, Any] = field(default_factory=dict)
+    logger: MLflowLogger | None = None
+    kl_ctrl: Any = None
+    lineage: WeightsLineage | None = None
+    progress: Progress | None = None
+    start_step: int = 1
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.logger is not None:
+            self.logger.log_metrics(metrics, step)
+
+    def run_state(self) -> dict[str, Any]:
+        return {
+            "loader": self.loader.state_dict(),
+            "kl_ctrl": controller_state(self.kl_ctrl),
+            "weights_lineage": self.lineage.state_dict(),
+        }
+
+
+def open_run(cfg: PPORunConfig, run_dir: str | None) -> TrainRun:
+    """Steps 1–3 of the module docstring (engines and MLflow opened last)."""
+    check_supported(cfg)
+    seed_everything(cfg.trainer.seed)
+    store = RunStore(run_dir or default_run_dir(cfg))
+    store.save_config(cfg)
+    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path)
+    train_set, val_set = load_datasets(cfg, tokenizer)
+    loader = StatefulPromptLoader(
+        train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
+    )
+    total = cfg.resolve_total_training_steps(len(train_set))
+    run = TrainRun(cfg, store, tokenizer, val_set, loader, total)
+    run.progress = Progress(total, enabled="console" in cfg.trainer.logger)
+    run.lineage = WeightsLineage.from_config(cfg)
+    if cfg.algorithm.use_kl_in_reward:
+        run.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl)
+    run.engines = build_engines(cfg, tokenizer, total)
+    try:
+        resume(run)
+        if "mlflow" in cfg.trainer.logger:
+            run.logger = MLflowLogger(
+                cfg.trainer.project_name,
+                cfg.trainer.experiment_name,
+                run_dir=store.root if store.is_local else None,
+                tracking_uri=cfg.ppoflow.mlflow_tracking_uri,
+            )
+            run.logger.log_params(cfg)
+    except BaseException:
+        close_engines(run.engines)
+        raise
+    return run
+
+
+def resume(run: TrainRun) -> None:
+    """Continue from a checkpoint when ``trainer.resume_mode`` finds one (flows/checkpoints.py):
+    engines, loader position, KL controller, weights lineage; the next step is N + 1."""
+    found = resume_step(run.cfg.trainer)
+    if found is None:
+        return
+    root, step = found
+    state = load_run_checkpoint(root, step, run.engines)
+    run.loader.load_state_dict(state["loader"])
+    restore_controller(run.kl_ctrl, state["kl_ctrl"])
+    run.lineage.current.update(state["weights_lineage"])
+    run.start_step = step + 1
+    run.progress.console.print(f"resumed from {root}/global_step_{step}")
+
+
+# --- one step ----------------------------------------------------------------------------------
+
+
+def step_metrics(result: StepResult, cfg: PPORunConfig, step: int, epoch: int) -> dict[str, float]:
+    """The step's metrics: the stages' own, data, timing, throughput and ``training/*``."""
+    tensors = result.batch.batch
+    token_num = tensors[K.ATTENTION_MASK].sum(-1).tolist()  # (B,) prompt + response tokens
+    batch = DataProto(
+        batch=tensors,
+        non_tensor_batch=result.batch.non_tensor_batch,
+        meta_info={**result.batch.meta_info, K.GLOBAL_TOKEN_NUM: token_num},
+    )
+    timing = {
+        name.removeprefix("timing_s/"): value
+        for name, value in result.metrics.items()
+        if name.startswith("timing_s/")
+    }
+    metrics = dict(result.metrics)
+    metrics.update(compute_data_metrics(batch, use_critic=cfg.derived.use_critic))
+    metrics.update(compute_timing_metrics(batch, timing))
+    metrics.update(compute_throughput_metrics(batch, timing, cfg.derived.dp_size))
+    metrics.update({"training/global_step": float(step), "training/epoch": float(epoch)})
+    return metrics
+
+
+def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRecord]]:
+    """Load the next prompts, run the step's stages, update the run state; the step's metrics
+    and its stage records."""
+    cfg, epoch = run.cfg, run.loader.epoch
+    step_input = make_step_input(
+        run.loader.next_batch(),
+        cfg.actor_rollout_ref.rollout.n,
+        temperature=cfg.actor_rollout_ref.rollout.temperature,
+        global_steps=step,
+        kl_coef=None if run.kl_ctrl is None else run.kl_ctrl.value,
+    )
+    result = run_step.fn(
+        PPO_STAGES,
+        step_input,
+        StageContext(config=cfg, engines=run.engines, step=step),
+        run.store,
+        step,
+        weights_fingerprints=run.lineage.fingerprint,
+        refresh=() if cfg.ppoflow.cache else [stage.name for stage in PPO_STAGES],
+        retries=IDEMPOTENT_RETRIES,
+    )
+    run.lineage.advance(PPO_STAGES, result.records)
+    if run.kl_ctrl is not None:
+        run.kl_ctrl.update(current_kl=result.metrics[KL_METRIC], n_steps=len(result.batch))
+    return step_metrics(result, cfg, step, epoch), result.records
+
+
+def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:
+    """Validate and print at ``step`` (generations table → MLflow); returns (mean score,
+    val metrics), which the caller logs with the step's metrics."""
+    result = validate(run.cfg, run.engines, run.val_set, run.tokenizer, step)
+    run.progress.validation(step, result.mean_score, result.metrics)
+    if run.logger is not None and result.generations:
+        run.logger.log_dict(result.generations, f"val_generations/step_{step}.json")
+    return result.mean_score, result.metrics
+
+
+def is_due(step: int, freq: int, last: int) -> bool:
+    """verl's cadence: every ``freq`` steps (freq > 0) and at the last step."""
+    return freq > 0 and (step % freq == 0 or step == last)
+
+
+# --- the flow ----------------------------------------------------------------------------------
+
+
+def _train(config, overrides=(), run_dir: str | None = None) -> TrainResult:
+    cfg = resolve_config(config, overrides)
+    run = open_run(cfg, run_dir)
+    result = TrainResult(run.store.root, None, run.total_steps)
+    status = "FAILED"
+    try:
+        result.mlflow_run_id = run.logger.run_id if run.logger else None
+        if cfg.trainer.val_before_train:
+            result.val_before, val_metrics = run_validation(run, run.start_step - 1)
+            run.log(val_metrics, run.start_step - 1)
+        last = run.start_step - 1 if cfg.trainer.val_only else run.total_steps
+        for step in range(run.start_step, last + 1):
+            metrics, records = train_step(run, step)
+            if is_due(step, cfg.trainer.test_freq, run.total_steps):
+                result.val_after, val_metrics = run_validation(run, step)
+                metrics.update(val_metrics)
+            if is_due(step, cfg.trainer.save_freq, run.total_steps):
+                save_run_checkpoint(
+                    cfg.trainer.default_local_dir, step, run.engines, run.run_state(), cfg.trainer
+                )
+            run.log(metrics, step)
+            publish_step_report(step, records, metrics, result.mlflow_run_id)
+            run.progress.step(step, metrics)
+            result.history.append(metrics)
+        status = "FINISHED"
+    finally:
+        close_engines(run.engines)
+        if run.logger is not None:
+            result.mlflow_run_id = run.logger.run_id
+            run.logger.close(status)
+    run.progress.summary(summary_rows(result, cfg))
+    return result
+
+
+def summary_rows(result: TrainResult, cfg: PPORunConfig) -> dict[str, Any]:
+    last = result.history[-1] if result.history else {}
+    return {
+        "steps": str(len(result.history)),
+        "val score before": result.val_before,
+        "val score after": result.val_after,
+        "last train score": last.get(SCORE),
+        "MLflow run": result.mlflow_run_id or "-",
+        "checkpoints": str(cfg.trainer.default_local_dir) if cfg.trainer.save_freq > 0 else "-",
+        "run dir": result.run_dir,
+    }
+
+
+train = StepFlow(
+    fn=_train,
+    name="ppo-train",
+    validate_parameters=False,
+    persist_result=False,
+)

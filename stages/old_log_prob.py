@@ -1,0 +1,66 @@
+"""Stage 4, old_log_prob: the actor's log-probs of the sampled responses before the update.
+
+requires: ``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T), ``responses`` /
+``response_mask`` / ``rollout_log_probs`` (B, R), ``meta_info.temperature``.
+produces: ``old_log_probs`` (B, R) float32.
+
+- Bypass mode (``algorithm.rollout_correction.bypass_mode``): ``old_log_probs`` is a copy of
+  ``rollout_log_probs`` (no model call).
+- Otherwise the actor recomputes them at the rollout temperature, with per-token entropy, and the
+  stage reports ``actor/entropy`` = agg_loss(entropys, response_mask, actor.loss_agg_mode,
+  loss_scale_factor) over the whole batch (dp 1, local denominators), as verl does. The entropys
+  themselves are not kept in the batch (verl pops them).
+"""
+
+from __future__ import annotations
+
+from dataproto import DataProto
+from dataproto import keys as K
+from stages.algos.aggregation import agg_loss
+from stages.engine_calls import call_engine
+from stages.stage import Stage, StageContext, meta, tensor
+
+
+def is_bypass(config) -> bool:
+    return bool(config.algorithm.rollout_correction.bypass_mode)
+
+
+def old_log_prob_fn(batch: DataProto, ctx: StageContext) -> DataProto:
+    """requires: the rollout's tensors and meta temperature; produces: old_log_probs (B, R)."""
+    if is_bypass(ctx.config):
+        return DataProto.from_dict({K.OLD_LOG_PROBS: batch.batch[K.ROLLOUT_LOG_PROBS].clone()})
+    out, metrics = call_engine(ctx, "actor", "compute_log_prob", batch)
+    actor = ctx.config.actor_rollout_ref.actor
+    entropy = agg_loss(
+        out.batch[K.ENTROPYS],  # (B, R)
+        batch.batch[K.RESPONSE_MASK],
+        actor.loss_agg_mode,
+        loss_scale_factor=actor.loss_scale_factor,
+    )
+    ctx.metrics.update(metrics)
+    ctx.metrics["actor/entropy"] = float(entropy)
+    return DataProto.from_dict({K.OLD_LOG_PROBS: out.batch[K.OLD_LOG_PROBS]})
+
+
+OLD_LOG_PROB_STAGE = Stage(
+    name="old_log_prob",
+    version=1,
+    requires=(
+        tensor(K.INPUT_IDS),
+        tensor(K.ATTENTION_MASK),
+        tensor(K.POSITION_IDS),
+        tensor(K.RESPONSES),
+        tensor(K.RESPONSE_MASK),
+        tensor(K.ROLLOUT_LOG_PROBS),
+        meta(K.TEMPERATURE),
+    ),
+    produces=(tensor(K.OLD_LOG_PROBS),),
+    fn=old_log_prob_fn,
+    config_keys=(
+        "algorithm.rollout_correction.bypass_mode",
+        "actor_rollout_ref.actor.loss_agg_mode",
+        "actor_rollout_ref.actor.loss_scale_factor",
+    ),
+    reads_weights=True,
+    engine="actor",
+)

@@ -1,0 +1,87 @@
+"""The PPO step: every stage in run order (ARCHITECTURE.md's table) and the step's input batch.
+
+``PPO_STAGES`` is what the step flow plans from: each stage's ``when`` decides whether it runs
+for a config (and step), its ``requires`` / ``produces`` are checked before any work. Stage 10
+(metrics) is computed by the flow after the step, since timing and throughput metrics cannot
+come from a cached stage.
+
+The reward stage is ``stages.reward.stage.REWARD_STAGE`` with two additions: the optional keys
+``extra_info`` / ``__num_turns__`` are passed to it when the batch holds them (the scorers read
+``extra_info``), and the reward extras it returns (e.g. ``acc``, ``pred``) are accepted as
+run-time-named non-tensor keys.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+
+import numpy as np
+from tensordict import TensorDict
+
+from dataproto import DataProto
+from dataproto import keys as K
+from stages.advantage import ADVANTAGE_STAGE
+from stages.balance import BALANCE_STAGE
+from stages.old_log_prob import OLD_LOG_PROB_STAGE
+from stages.ref_log_prob import REF_LOG_PROB_STAGE
+from stages.reward.stage import REWARD_STAGE
+from stages.rollout import PROMPT_KEYS, ROLLOUT_STAGE
+from stages.stage import Stage, non_tensor
+from stages.update_actor import UPDATE_ACTOR_STAGE
+from stages.update_critic import UPDATE_CRITIC_STAGE
+from stages.values import VALUES_STAGE
+
+PPO_REWARD_STAGE = replace(
+    REWARD_STAGE,
+    optional=(non_tensor(K.EXTRA_INFO), non_tensor(K.NUM_TURNS)),
+    extra_outputs=("non_tensor_batch",),
+)
+
+PPO_STAGES: tuple[Stage, ...] = (
+    ROLLOUT_STAGE,
+    BALANCE_STAGE,
+    PPO_REWARD_STAGE,
+    OLD_LOG_PROB_STAGE,
+    REF_LOG_PROB_STAGE,
+    VALUES_STAGE,
+    ADVANTAGE_STAGE,
+    UPDATE_CRITIC_STAGE,
+    UPDATE_ACTOR_STAGE,
+)
+
+
+def fresh_uids(rows: int) -> np.ndarray:
+    """(rows,) object array of uuid4 strings, one prompt group id each."""
+    return np.array([str(uuid.uuid4()) for _ in range(rows)], dtype=object)
+
+
+def make_step_input(
+    prompts: DataProto,
+    n: int,
+    *,
+    temperature: float,
+    global_steps: int,
+    kl_coef: float | None = None,
+) -> DataProto:
+    """The step's input batch from a loader batch of B_p prompts: B = B_p · n rows.
+
+    verl's order: a fresh uuid4 ``uid`` per prompt (any dataset uid is replaced), then
+    ``repeat(n, interleave=True)`` (a prompt's n samples are adjacent). The (B_p, P) prompt tensors
+    ``input_ids`` / ``attention_mask`` / ``position_ids`` are renamed ``prompt_*`` so the
+    rollout's full-sequence tensors of the same names do not clash with them. meta_info:
+    ``temperature`` (rollout.temperature), ``global_steps`` and, with KL in the reward,
+    ``kl_coef`` (the controller's β for this step). ``prompts`` is not modified.
+    """
+    tensors = {new: prompts.batch[old] for new, old in PROMPT_KEYS.items()}
+    non_tensors = dict(prompts.non_tensor_batch)
+    non_tensors[K.UID] = fresh_uids(len(prompts))
+    meta_info = {K.TEMPERATURE: float(temperature), K.GLOBAL_STEPS: int(global_steps)}
+    if kl_coef is not None:
+        meta_info[K.KL_COEF] = float(kl_coef)
+    step_input = DataProto(
+        batch=TensorDict(tensors, batch_size=[len(prompts)]),
+        non_tensor_batch=non_tensors,
+        meta_info=meta_info,
+    )
+    return step_input.repeat(n, interleave=True)

@@ -1,0 +1,42 @@
+"""Stage 5, ref_log_prob: the frozen reference policy's log-probs of the sampled responses.
+
+requires: ``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T), ``responses`` (B, R),
+``meta_info.temperature``. produces: ``ref_log_prob`` (B, R) float32.
+Runs when the reference policy is used: ``algorithm.use_kl_in_reward`` or ``actor.use_kl_loss``.
+"""
+
+from __future__ import annotations
+
+from dataproto import DataProto
+from dataproto import keys as K
+from stages.engine_calls import call_engine
+from stages.stage import Stage, StageContext, meta, tensor
+
+
+def ref_log_prob_fn(batch: DataProto, ctx: StageContext) -> DataProto:
+    """requires: the rollout's sequences; produces: ref_log_prob (B, R)."""
+    out, metrics = call_engine(ctx, "ref", "compute_ref_log_prob", batch)
+    ctx.metrics.update(metrics)
+    return DataProto.from_dict({K.REF_LOG_PROB: out.batch[K.REF_LOG_PROB]})
+
+
+def uses_reference_policy(config) -> bool:
+    return bool(config.derived.use_reference_policy)
+
+
+REF_LOG_PROB_STAGE = Stage(
+    name="ref_log_prob",
+    version=1,
+    requires=(
+        tensor(K.INPUT_IDS),
+        tensor(K.ATTENTION_MASK),
+        tensor(K.POSITION_IDS),
+        tensor(K.RESPONSES),
+        meta(K.TEMPERATURE),
+    ),
+    produces=(tensor(K.REF_LOG_PROB),),
+    fn=ref_log_prob_fn,
+    when=uses_reference_policy,
+    reads_weights=True,
+    engine="ref",
+)

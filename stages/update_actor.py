@@ -1,0 +1,60 @@
+"""Stage 9, update_actor: the PPO policy update, after the critic warm-up.
+
+requires: ``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T), ``responses`` /
+``response_mask`` / ``old_log_probs`` / ``advantages`` (B, R), ``meta_info.temperature``;
+optional ``ref_log_prob`` (the KL loss). produces: nothing in the batch (an empty delta); the
+actor's weights change and the next rollout sees them. Metrics ``actor/*`` (pg_loss, pg_clipfrac,
+ppo_kl, grad_norm, lr, kl_loss, …) reduced over the optimizer steps.
+
+Runs when ``global_step > trainer.critic_warmup`` (verl skips the actor update while the critic
+warms up). Writes weights, so never retried.
+"""
+
+from __future__ import annotations
+
+from dataproto import DataProto
+from dataproto import keys as K
+from stages.engine_calls import call_engine
+from stages.stage import Stage, StageContext, meta, tensor
+
+
+def update_actor_fn(batch: DataProto, ctx: StageContext) -> DataProto:
+    """One actor update on the step batch; returns an empty delta."""
+    actor = ctx.config.actor_rollout_ref.actor
+    if actor.use_kl_loss and K.REF_LOG_PROB not in batch.batch:
+        raise KeyError(
+            "actor.use_kl_loss needs 'ref_log_prob' in the batch (the ref_log_prob stage); "
+            "the batch lacks it"
+        )
+    _, metrics = call_engine(ctx, "actor", "update_actor", batch)
+    ctx.metrics.update(metrics)
+    return DataProto(batch=None, non_tensor_batch={}, meta_info={})
+
+
+def after_critic_warmup(config, step: int) -> bool:
+    """verl: the actor updates once ``global_step > trainer.critic_warmup``."""
+    return step > config.trainer.critic_warmup
+
+
+UPDATE_ACTOR_STAGE = Stage(
+    name="update_actor",
+    version=1,
+    requires=(
+        tensor(K.INPUT_IDS),
+        tensor(K.ATTENTION_MASK),
+        tensor(K.POSITION_IDS),
+        tensor(K.RESPONSES),
+        tensor(K.RESPONSE_MASK),
+        tensor(K.OLD_LOG_PROBS),
+        tensor(K.ADVANTAGES),
+        meta(K.TEMPERATURE),
+    ),
+    produces=(),
+    fn=update_actor_fn,
+    when=after_critic_warmup,
+    optional=(tensor(K.REF_LOG_PROB),),
+    config_keys=("actor_rollout_ref.actor",),
+    reads_weights=True,
+    writes_weights=True,
+    engine="actor",
+)

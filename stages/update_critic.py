@@ -1,0 +1,44 @@
+"""Stage 8, update_critic: the clipped value-function update (critic in use).
+
+requires: ``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T), ``responses`` /
+``response_mask`` / ``values`` / ``returns`` (B, R). produces: nothing in the batch (an empty
+delta); the critic's weights change. Metrics ``critic/*`` (vf_loss, vf_clipfrac, vpred_mean,
+grad_norm, lr) reduced over the optimizer steps. Writes weights, so never retried.
+"""
+
+from __future__ import annotations
+
+from dataproto import DataProto
+from dataproto import keys as K
+from stages.engine_calls import call_engine
+from stages.stage import Stage, StageContext, tensor
+from stages.values import uses_critic
+
+
+def update_critic_fn(batch: DataProto, ctx: StageContext) -> DataProto:
+    """One critic update on the step batch; returns an empty delta."""
+    _, metrics = call_engine(ctx, "critic", "update_critic", batch)
+    ctx.metrics.update(metrics)
+    return DataProto(batch=None, non_tensor_batch={}, meta_info={})
+
+
+UPDATE_CRITIC_STAGE = Stage(
+    name="update_critic",
+    version=1,
+    requires=(
+        tensor(K.INPUT_IDS),
+        tensor(K.ATTENTION_MASK),
+        tensor(K.POSITION_IDS),
+        tensor(K.RESPONSES),
+        tensor(K.RESPONSE_MASK),
+        tensor(K.VALUES),
+        tensor(K.RETURNS),
+    ),
+    produces=(),
+    fn=update_critic_fn,
+    when=uses_critic,
+    config_keys=("critic",),
+    reads_weights=True,
+    writes_weights=True,
+    engine="critic",
+)

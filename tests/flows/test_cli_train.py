@@ -1,0 +1,48 @@
+"""``ppoflow train``: help, and a one-line error with a non-zero exit for a bad config."""
+
+from __future__ import annotations
+
+import typer
+from typer.testing import CliRunner
+
+from flows import cli_train
+
+
+def app() -> typer.Typer:
+    application = typer.Typer()
+    cli_train.register(application)
+
+    @application.command("other")
+    def other() -> None:  # a second command keeps `train` a subcommand
+        """Unused."""
+
+    return application
+
+
+def test_help_names_the_contract():
+    result = CliRunner().invoke(app(), ["train", "--help"])
+    assert result.exit_code == 0
+    assert "--run-dir" in result.output and "last line printed is the run" in result.output
+
+
+def test_bad_override_exits_2_with_one_line_error(tmp_path):
+    result = CliRunner().invoke(
+        app(), ["train", "demo-cpu", "algorithm.adv_estimator=nope", "--run-dir", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("error: ConfigError")
+        and "adv_estimator" in lines[0]
+    )
+
+
+def test_missing_data_exits_1(prefect_harness, tmp_path):
+    result = CliRunner().invoke(
+        app(),
+        ["train", "demo-cpu", f"data.train_files=[{tmp_path}/none.parquet]",
+         f"data.val_files=[{tmp_path}/none.parquet]", "--run-dir", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "none.parquet" in result.output
