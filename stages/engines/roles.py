@@ -71,6 +71,31 @@ def sampling_settings(config: Any, tokenizer: Any, *, validate: bool) -> Samplin
     )
 
 
+def device_of(model: Any) -> torch.device:
+    """The device a DeepSpeed engine or a plain module computes on."""
+    device = getattr(model, "device", None)
+    return torch.device(device) if device is not None else next(model.parameters()).device
+
+
+def on_device(batch: DataProto, device: torch.device) -> DataProto:
+    """A shallow copy of ``batch`` whose tensors live on ``device`` (the caller's batch is not
+    moved: ``DataProto.to`` would move it in place)."""
+    if batch.batch is None or batch.batch.device == device:
+        return batch
+    return DataProto(
+        batch=batch.batch.to(device),
+        non_tensor_batch=batch.non_tensor_batch,
+        meta_info=batch.meta_info,
+    )
+
+
+def on_host(delta: DataProto) -> DataProto:
+    """``delta`` with its tensors on the CPU, where artifacts are written and batches merged."""
+    if delta.batch is not None and delta.batch.device != torch.device("cpu"):
+        delta.batch = delta.batch.to("cpu")
+    return delta
+
+
 def with_metrics(batch: DataProto | None, metrics: dict[str, Any]) -> DataProto:
     out = batch if batch is not None else DataProto(batch=None, non_tensor_batch={}, meta_info={})
     out.meta_info["metrics"] = metrics
@@ -133,13 +158,13 @@ class ActorWorker(_CheckpointMixin):
         try:
             delta, _ = compute_log_prob(
                 self.engine,
-                batch,
+                on_device(batch, device_of(self.engine)),
                 log_prob_micro_batching(self.config.actor_rollout_ref.rollout),
                 calculate_entropy=True,
             )
         finally:
             self.engine.train()
-        return delta
+        return on_host(delta)
 
     def update_actor(self, batch: DataProto) -> DataProto:
         """One training step's PPO update; metrics (``actor/*``) in meta_info; then the lr
@@ -147,7 +172,11 @@ class ActorWorker(_CheckpointMixin):
         actor = self.config.actor_rollout_ref.actor
         needs_entropy = actor.entropy_coeff != 0 or actor.calculate_entropy
         metrics = update_actor(
-            self.engine, batch, self.update_settings, actor, needs_entropy=needs_entropy
+            self.engine,
+            on_device(batch, device_of(self.engine)),
+            self.update_settings,
+            actor,
+            needs_entropy=needs_entropy,
         )
         step_lr_schedule(self.engine)
         return with_metrics(None, metrics)
@@ -156,7 +185,8 @@ class ActorWorker(_CheckpointMixin):
         """HF rollouts on the actor's module (``rollout_hf``): one response per prompt row."""
         settings = sampling_settings(self.config, self.tokenizer, validate=validate)
         with self._full_parameters():
-            return generate_sequences(self.lm, prompts, settings)
+            out = generate_sequences(self.lm, on_device(prompts, device_of(self.engine)), settings)
+        return on_host(out)
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
         """(name, full tensor) of every HF parameter, for syncing an external rollout engine."""
@@ -197,9 +227,11 @@ class RefWorker:
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         """Delta: ``ref_log_prob`` (B, R) at meta_info temperature."""
         delta, _ = compute_log_prob(
-            self.model, batch, log_prob_micro_batching(self.config.actor_rollout_ref.ref)
+            self.model,
+            on_device(batch, device_of(self.model)),
+            log_prob_micro_batching(self.config.actor_rollout_ref.ref),
         )
-        logprobs = delta.batch[keys.OLD_LOG_PROBS]
+        logprobs = delta.batch[keys.OLD_LOG_PROBS].cpu()
         return DataProto(
             batch=TensorDict({keys.REF_LOG_PROB: logprobs}, batch_size=[len(logprobs)]),
             non_tensor_batch={},
@@ -241,14 +273,21 @@ class CriticWorker(_CheckpointMixin):
         per forward)."""
         self.engine.eval()
         try:
-            return compute_values(self.engine, batch, self.micro)
+            return on_host(
+                compute_values(self.engine, on_device(batch, device_of(self.engine)), self.micro)
+            )
         finally:
             self.engine.train()
 
     def update_critic(self, batch: DataProto) -> DataProto:
         """One training step's value update; metrics (``critic/*``) in meta_info; then the lr
         schedule advances by one step."""
-        metrics = update_critic(self.engine, batch, self.update_settings, self.config.critic)
+        metrics = update_critic(
+            self.engine,
+            on_device(batch, device_of(self.engine)),
+            self.update_settings,
+            self.config.critic,
+        )
         step_lr_schedule(self.engine)
         return with_metrics(None, metrics)
 
