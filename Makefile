@@ -1,6 +1,9 @@
 # The README's commands. `make demo` sets up and runs the main job; `make test` runs the tests.
 # Both create the virtual environment on first use (CPU install: torch 2.13.0 from constraints.txt).
 
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+
 VENV ?= .venv
 VLLM_VENV ?= .venv-vllm
 PY := $(VENV)/bin/python
@@ -20,13 +23,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -c constraints.txt -e '.[dev,ray]'
 	touch $@
 
+# The main job: write the demo task and the tiny model, train with GRPO on CPU (about a minute on
+# 2 cores), then print one stage's artifact of the last step (rows, fingerprint, token ledger);
+# step_30 is configs/demo-cpu.yaml's trainer.total_training_steps.
 demo: install
 	$(PPOFLOW) make-demo-data $(DEMO_DIR)/data
 	$(PPOFLOW) make-tiny-model $(DEMO_DIR)/model
-	$(PPOFLOW) config show --config configs/demo-cpu.yaml > $(DEMO_DIR)/config.yaml
-	$(PPOFLOW) make-sample-batch $(DEMO_DIR)/sample-batch --overwrite
-	$(PPOFLOW) inspect $(DEMO_DIR)/sample-batch
-	$(PPOFLOW) ledger --batch 4 --n 4 --prompt-len 64 --response-len 16
+	$(PPOFLOW) train configs/demo-cpu.yaml | tee $(DEMO_DIR)/train.log
+	$(PPOFLOW) inspect "$$(tail -n 1 $(DEMO_DIR)/train.log)/step_30/rollout"
 
 test: install
 	$(PY) -m pytest
