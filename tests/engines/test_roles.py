@@ -21,9 +21,13 @@ def demo_config(tmp_path_factory):
     model_dir = make_tiny_model(tmp_path_factory.mktemp("model"))
     return load_config(
         REPO / "configs" / "demo-cpu.yaml",
-        [f"actor_rollout_ref.model.path={model_dir}", "data.train_batch_size=2",
-         "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-         "data.max_response_length=6"],
+        [
+            f"actor_rollout_ref.model.path={model_dir}",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "data.max_response_length=6",
+        ],
     )
 
 
@@ -31,8 +35,14 @@ def prompts(worker: ActorWorker, texts: list[str], n: int) -> DataProto:
     encoded = worker.tokenizer(texts, return_tensors="pt", padding=True)
     ids = encoded["input_ids"].repeat_interleave(n, 0)
     mask = encoded["attention_mask"].repeat_interleave(n, 0)
-    td = TensorDict({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
-                    batch_size=[len(ids)])
+    td = TensorDict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+        },
+        batch_size=[len(ids)],
+    )
     return DataProto(batch=td, non_tensor_batch={}, meta_info={"temperature": 1.0})
 
 
@@ -44,8 +54,12 @@ def test_actor_rollout_logprobs_update_round(demo_config):
     batch = DataProto(batch=gen.batch, non_tensor_batch={}, meta_info={"temperature": 1.0})
     delta = actor.compute_log_prob(batch)
     mask = gen.batch["response_mask"].bool()
-    torch.testing.assert_close(delta.batch["old_log_probs"][mask], gen.batch["rollout_log_probs"][mask],
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        delta.batch["old_log_probs"][mask],
+        gen.batch["rollout_log_probs"][mask],
+        atol=1e-4,
+        rtol=1e-4,
+    )
     before = {n: p.detach().clone() for n, p in actor.lm.named_parameters()}
     batch.batch["old_log_probs"] = delta.batch["old_log_probs"]
     batch.batch["advantages"] = torch.randn(8, 6) * gen.batch["response_mask"]
@@ -58,4 +72,6 @@ def test_actor_rollout_logprobs_update_round(demo_config):
 
     ref = RefWorker(demo_config)
     ref_lp = ref.compute_ref_log_prob(batch).batch["ref_log_prob"]
-    torch.testing.assert_close(ref_lp[mask], gen.batch["rollout_log_probs"][mask], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        ref_lp[mask], gen.batch["rollout_log_probs"][mask], atol=1e-4, rtol=1e-4
+    )
