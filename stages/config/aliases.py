@@ -23,12 +23,21 @@ LEGACY_KEYS = {
 }
 
 
+#: ``trainer.worker_backend`` is an alias of ``ppoflow.workers.backend``; when given it wins
+#: (it usually overrides the default written in the base config)
+WORKER_BACKEND_ALIAS = ("trainer.worker_backend", "ppoflow.workers.backend")
+
+
 def move_legacy_keys(data: Any) -> Any:
-    """Return ``data`` with the legacy top-level reward blocks moved under ``reward``.
+    """Return ``data`` with the legacy top-level reward blocks moved under ``reward``, and
+    ``trainer.worker_backend`` moved to ``ppoflow.workers.backend``.
 
     >>> move_legacy_keys({"reward_model": {"enable": True, "model": {"path": "rm"}, "nnodes": None}})
     {'reward': {'reward_model': {'enable': True, 'model_path': 'rm'}}}
+    >>> move_legacy_keys({"trainer": {"worker_backend": "ray", "nnodes": 1}})
+    {'trainer': {'nnodes': 1}, 'ppoflow': {'workers': {'backend': 'ray'}}}
     """
+    data = _move_worker_backend(data)
     if not isinstance(data, Mapping) or not (
         {"custom_reward_function", "reward_model"} & set(data)
     ):
@@ -77,3 +86,15 @@ def _set_new(out: dict, new_key: str, value: Any, old_key: str) -> None:
             f"set only {new_key}"
         )
     node[leaf] = value
+
+
+def _move_worker_backend(data: Any) -> Any:
+    trainer = data.get("trainer") if isinstance(data, Mapping) else None
+    if not isinstance(trainer, Mapping) or "worker_backend" not in trainer:
+        return data
+    out = dict(data)
+    out["trainer"] = {k: v for k, v in trainer.items() if k != "worker_backend"}
+    ppoflow = dict(out.get("ppoflow") or {})
+    ppoflow["workers"] = {**(ppoflow.get("workers") or {}), "backend": trainer["worker_backend"]}
+    out["ppoflow"] = ppoflow  # the alias wins: it is usually an override of the default
+    return out

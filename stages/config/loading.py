@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from stages.config.aliases import LEGACY_KEYS
+from stages.config.aliases import LEGACY_KEYS, WORKER_BACKEND_ALIAS
 from stages.config.errors import ConfigError, format_validation_error, nested_model, suggest
 from stages.config.root import PPORunConfig
 
@@ -156,7 +156,7 @@ def check_key_path(
     key: str, where: str, source: str = "overrides", root: type[BaseModel] = PPORunConfig
 ) -> None:
     """Raise ConfigError unless ``key`` names a field of the schema (or a legacy alias)."""
-    if key in LEGACY_KEYS:
+    if key in LEGACY_KEYS or key == WORKER_BACKEND_ALIAS[0]:
         return
     parts, model = key.split("."), root
     for depth, part in enumerate(parts):

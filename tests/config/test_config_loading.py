@@ -213,3 +213,11 @@ def test_legacy_alias_conflict_is_an_error() -> None:
 def test_overrides_must_be_a_list() -> None:
     with pytest.raises(TypeError, match="list of 'key=value' strings"):
         load_config(None, "trainer.total_epochs=2")  # type: ignore[arg-type]
+
+
+def test_trainer_worker_backend_is_an_alias_of_ppoflow_workers_backend():
+    assert load_config("demo-cpu", ["trainer.worker_backend=ray"]).ppoflow.workers.backend == "ray"
+    assert (
+        load_config(None, params={"trainer": {"worker_backend": "ray"}}).ppoflow.workers.backend
+        == "ray"
+    )
