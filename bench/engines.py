@@ -258,6 +258,7 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="B=16 × (16 + 32) smoke run")
     parser.add_argument("--repeats", type=int, default=3, help="k in best-of-k")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--only", choices=sorted(CASES), help="run a single case")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()  # load reports and the min_new_tokens override notice
@@ -276,6 +277,8 @@ def main() -> None:
             batch = rollout_batch(shape, vocab, pad=0)
             valid = int(batch.batch["attention_mask"].sum())
             for case, run in CASES.items():
+                if args.only and case != args.only:
+                    continue
                 ours_s, base_s = run(model_dir, batch, shape, args.repeats)
                 tokens = shape.rows * shape.response if case == "rollout" else valid
                 rows.append((case, name, tokens / ours_s, tokens / base_s))

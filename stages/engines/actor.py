@@ -43,6 +43,17 @@ class PPOUpdateSettings:
     loss_scale_factor: float | None = None
 
 
+#: the tensors a log-prob forward pass reads
+FORWARD_KEYS = (keys.INPUT_IDS, keys.ATTENTION_MASK, keys.POSITION_IDS, keys.RESPONSES)
+
+
+def _rows(tensors: TensorDict, idx: list[int]) -> TensorDict:
+    """The rows ``idx`` of ``tensors``: a view for a contiguous run, a gather otherwise."""
+    if idx and idx == list(range(idx[0], idx[0] + len(idx))):
+        return tensors[idx[0] : idx[0] + len(idx)]
+    return tensors[idx]
+
+
 def _forward_logprobs(model, batch: TensorDict, temperature: float, entropy: bool):
     """``model``: a :class:`ResponseLogProbModel`, or the DeepSpeed engine wrapping one."""
     return model(
@@ -73,8 +84,10 @@ def compute_log_prob(
     tensors = batch.batch
     temperature = float(batch.meta_info.get(keys.TEMPERATURE, 1.0))
     plan = micro.plan(tensors[keys.ATTENTION_MASK])
+    inputs = tensors.select(*FORWARD_KEYS)  # gather only what the forward reads
     outputs = [
-        _forward_logprobs(module, tensors[idx], temperature, calculate_entropy) for idx in plan
+        _forward_logprobs(module, _rows(inputs, idx), temperature, calculate_entropy)
+        for idx in plan
     ]
     logprobs = restore_order([o[0] for o in outputs], plan)
     delta = {keys.OLD_LOG_PROBS: logprobs}
@@ -115,7 +128,7 @@ def update_actor(
         step_metrics: dict[str, list[Tensor]] = {}
         for position, idx in enumerate(plan):
             engine.set_gradient_accumulation_boundary(position == len(plan) - 1)
-            micro = mini[idx]
+            micro = _rows(mini, idx)
             log_prob, entropy = _forward_logprobs(engine, micro, temperature, needs_entropy)
             loss, micro_metrics = compute_actor_loss(
                 log_prob,
