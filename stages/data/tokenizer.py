@@ -81,6 +81,9 @@ def load_tokenizer(path: str | Path, **kwargs: Any) -> Any:
     """
     from transformers import AutoTokenizer
 
+    from stages.engines.models import check_model_path
+
+    check_model_path(path, needs=("tokenizer_config.json", "tokenizer.json"))
     tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:

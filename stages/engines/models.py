@@ -26,12 +26,21 @@ def _dtype(name: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown model dtype {name!r}; known: {sorted(DTYPES)}") from None
 
 
-def _check_local(path: str | Path) -> None:
-    candidate = Path(path)
-    looks_local = candidate.is_absolute() or str(path).startswith(".") or candidate.exists()
-    if looks_local and not (candidate / "config.json").exists():
+def check_model_path(path: str | Path, needs: tuple[str, ...] = ("config.json",)) -> None:
+    """Fail clearly on a local model directory that is not there.
+
+    A path is taken as local when it is absolute, starts with ``.``, exists, or has more than
+    one ``/`` (a hub id is ``name`` or ``namespace/name``); such a path must hold one of the
+    ``needs`` files (config.json for a model).
+    """
+    text = str(path)
+    candidate = Path(text)
+    looks_local = (
+        candidate.is_absolute() or text.startswith(".") or candidate.exists() or text.count("/") > 1
+    )
+    if looks_local and not any((candidate / name).exists() for name in needs):
         raise FileNotFoundError(
-            f"model directory {str(path)!r} has no config.json; write one with "
+            f"model directory {text!r} has no {' or '.join(needs)}; write one with "
             "`ppoflow make-tiny-model DIR` or point model.path at a Hugging Face model directory"
         )
 
@@ -45,7 +54,7 @@ def load_causal_lm(
     trust_remote_code: bool = False,
 ) -> nn.Module:
     """The actor or reference model from a Hugging Face directory or hub id."""
-    _check_local(path)
+    check_model_path(path)
     model = AutoModelForCausalLM.from_pretrained(
         path,
         dtype=_dtype(dtype),
@@ -71,7 +80,7 @@ def load_value_model(
     From a causal-LM directory the backbone weights are loaded and the value head is initialised
     fresh (transformers reports it as newly initialised); from a saved critic it is restored.
     """
-    _check_local(path)
+    check_model_path(path)
     model = AutoModelForTokenClassification.from_pretrained(
         path,
         num_labels=1,

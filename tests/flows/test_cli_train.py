@@ -6,6 +6,7 @@ import typer
 from typer.testing import CliRunner
 
 from flows import cli_train
+from stages.data.tiny_model import make_tiny_model
 
 
 def app() -> typer.Typer:
@@ -39,10 +40,22 @@ def test_bad_override_exits_2_with_one_line_error(tmp_path):
 
 
 def test_missing_data_exits_1(prefect_harness, tmp_path):
+    model = make_tiny_model(tmp_path / "model")
     result = CliRunner().invoke(
         app(),
         ["train", "demo-cpu", f"data.train_files=[{tmp_path}/none.parquet]",
-         f"data.val_files=[{tmp_path}/none.parquet]", "--run-dir", str(tmp_path / "run")],
+         f"data.val_files=[{tmp_path}/none.parquet]", f"actor_rollout_ref.model.path={model}",
+         "--run-dir", str(tmp_path / "run")],
     )  # fmt: skip
     assert result.exit_code == 1
     assert "none.parquet" in result.output
+
+
+def test_missing_model_directory_exits_1_naming_it(prefect_harness, tmp_path):
+    result = CliRunner().invoke(
+        app(),
+        ["train", "demo-cpu", f"actor_rollout_ref.model.path={tmp_path}/no-model",
+         "--run-dir", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "no-model" in result.output and "make-tiny-model" in result.output
