@@ -152,11 +152,7 @@ def generate_sequences(
     several ranks).
     """
     batch = prompts.batch
-    input_ids, prompt_mask, prompt_pos = (
-        batch["input_ids"],
-        batch["attention_mask"],
-        batch["position_ids"],
-    )
+    input_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
     rows = input_ids.shape[0]
     step = settings.max_batch_rows or rows
     was_training = module.training
@@ -175,9 +171,26 @@ def generate_sequences(
     finally:
         module.train(was_training)
     responses = torch.cat([c[0] for c in chunks])  # (B, R)
-    response_mask = response_mask_from_tokens(responses, settings.eos_ids)
+    return assemble_rollout(batch, responses, torch.cat([c[1] for c in chunks]), settings)
+
+
+def assemble_rollout(
+    prompt_batch: TensorDict, responses: Tensor, log_probs: Tensor, settings: SamplingSettings
+) -> DataProto:
+    """The rollout fields from prompts (B, P) and right-padded responses / log-probs (B, R).
+
+    Tokens after the first EOS are replaced by pad and their log-probs by 0.
+    """
+    input_ids, prompt_mask, prompt_pos = (
+        prompt_batch["input_ids"],
+        prompt_batch["attention_mask"],
+        prompt_batch["position_ids"],
+    )
+    device = input_ids.device
+    responses, log_probs = responses.to(device), log_probs.to(device)
+    response_mask = response_mask_from_tokens(responses, settings.eos_ids)  # (B, R)
     responses = responses.masked_fill(response_mask == 0, settings.pad_token_id)
-    offsets = torch.arange(1, settings.response_length + 1, device=prompt_pos.device)
+    offsets = torch.arange(1, settings.response_length + 1, device=device)
     out = TensorDict(
         {
             "prompts": input_ids,
@@ -186,8 +199,8 @@ def generate_sequences(
             "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
             "position_ids": torch.cat([prompt_pos, prompt_pos[:, -1:] + offsets], dim=1),
             "response_mask": response_mask,
-            "rollout_log_probs": torch.cat([c[1] for c in chunks]) * response_mask,
+            "rollout_log_probs": log_probs * response_mask,
         },
-        batch_size=[rows],
+        batch_size=[input_ids.shape[0]],
     )
     return DataProto(batch=out, non_tensor_batch={}, meta_info={})

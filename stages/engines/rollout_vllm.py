@@ -39,11 +39,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from tensordict import TensorDict
 from torch import Tensor
 
 from dataproto.protocol import DataProto
-from stages.engines.rollout_hf import SamplingSettings, response_mask_from_tokens
+from stages.engines.rollout_hf import SamplingSettings, assemble_rollout
 from stages.engines.vllm_worker_ext import WEIGHT_SYNC_EXTENSION
 
 logger = logging.getLogger(__name__)
@@ -280,38 +279,6 @@ def pad_rows(rows: list[list[Any]], width: int, fill: float, dtype: torch.dtype)
             )
         out[i, : len(row)] = torch.tensor(row, dtype=dtype)
     return out
-
-
-def assemble_rollout(
-    prompt_batch: TensorDict, responses: Tensor, log_probs: Tensor, settings: SamplingSettings
-) -> DataProto:
-    """The rollout fields from prompts (B, P) and right-padded responses / log-probs (B, R).
-
-    Tokens after the first EOS are replaced by pad and their log-probs by 0.
-    """
-    input_ids, prompt_mask, prompt_pos = (
-        prompt_batch["input_ids"],
-        prompt_batch["attention_mask"],
-        prompt_batch["position_ids"],
-    )
-    device = input_ids.device
-    responses, log_probs = responses.to(device), log_probs.to(device)
-    response_mask = response_mask_from_tokens(responses, settings.eos_ids)  # (B, R)
-    responses = responses.masked_fill(response_mask == 0, settings.pad_token_id)
-    offsets = torch.arange(1, settings.response_length + 1, device=device)
-    out = TensorDict(
-        {
-            "prompts": input_ids,
-            "responses": responses,
-            "input_ids": torch.cat([input_ids, responses], dim=1),
-            "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
-            "position_ids": torch.cat([prompt_pos, prompt_pos[:, -1:] + offsets], dim=1),
-            "response_mask": response_mask,
-            "rollout_log_probs": log_probs * response_mask,
-        },
-        batch_size=[input_ids.shape[0]],
-    )
-    return DataProto(batch=out, non_tensor_batch={}, meta_info={})
 
 
 def detached_cpu_copies(weights: NamedTensors) -> list[tuple[str, Tensor]]:
