@@ -62,10 +62,8 @@ class InProcessRole:
         return check_method(self.worker, method)
 
 
-def build_engines(config: Any, tokenizer: Any, total_training_steps: int) -> dict[str, Any]:
-    """Every engine the config needs, keyed for ``StageContext.engines`` (module docstring)."""
-    from stages.engines.roles import ActorWorker, CriticWorker, RefWorker
-
+def check_backend(config: Any) -> None:
+    """Fail before any engine is built on a backend or world size this module cannot run."""
     if config.ppoflow.workers.backend != "local":
         raise NotImplementedError(
             f"ppoflow.workers.backend={config.ppoflow.workers.backend!r}: the train flow runs "
@@ -76,19 +74,46 @@ def build_engines(config: Any, tokenizer: Any, total_training_steps: int) -> dic
             f"the local backend runs one rank in this process, but trainer.n_gpus_per_node × "
             f"trainer.nnodes = {config.derived.dp_size}; set both to 1"
         )
+
+
+def roles_for(config: Any) -> list[str]:
+    """The model roles the config needs: actor always, ref and critic when in use."""
+    roles = ["actor"]
+    if config.derived.use_reference_policy:
+        roles.append("ref")
+    if config.derived.use_critic:
+        roles.append("critic")
+    return roles
+
+
+def build_role(config: Any, role: str, total_training_steps: int) -> Any:
+    """One model role (``actor`` / ``ref`` / ``critic``) as a worker-group-like engine."""
+    from stages.engines.roles import ActorWorker, CriticWorker, RefWorker
+
+    check_backend(config)
+    if role == "actor":
+        return InProcessRole(ActorWorker(config, total_training_steps=total_training_steps))
+    if role == "ref":
+        return InProcessRole(RefWorker(config))
+    if role == "critic":
+        return InProcessRole(CriticWorker(config, total_training_steps=total_training_steps))
+    raise KeyError(f"unknown model role {role!r}; expected one of {MODEL_ROLES}")
+
+
+def build_reward(config: Any, tokenizer: Any) -> dict[str, Any]:
+    """The reward engines (``reward_loop`` scorer pool and/or ``reward_model``)."""
+    return build_reward_engines(settings_from_config(config), tokenizer)
+
+
+def build_engines(config: Any, tokenizer: Any, total_training_steps: int) -> dict[str, Any]:
+    """Every engine the config needs, keyed for ``StageContext.engines`` (module docstring)."""
+    check_backend(config)
     engines: dict[str, Any] = {}
     try:
         # the scorer processes start first, before any model or process group exists here
-        engines.update(build_reward_engines(settings_from_config(config), tokenizer))
-        engines["actor"] = InProcessRole(
-            ActorWorker(config, total_training_steps=total_training_steps)
-        )
-        if config.derived.use_reference_policy:
-            engines["ref"] = InProcessRole(RefWorker(config))
-        if config.derived.use_critic:
-            engines["critic"] = InProcessRole(
-                CriticWorker(config, total_training_steps=total_training_steps)
-            )
+        engines.update(build_reward(config, tokenizer))
+        for role in roles_for(config):
+            engines[role] = build_role(config, role, total_training_steps)
     except BaseException:
         close_engines(engines)
         raise
