@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flows import cli_artifacts, cli_config, cli_data, cli_train
+from flows import cli_artifacts, cli_config, cli_data, cli_rerun, cli_train
 
 app = typer.Typer(
     name="ppoflow",
@@ -15,6 +15,7 @@ app = typer.Typer(
 cli_artifacts.register(app)
 cli_config.register(app)
 cli_data.register(app)
+cli_rerun.register(app)
 cli_train.register(app)
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -19,6 +21,31 @@ QUIET_LOGGERS = {
     "prefect.task_runs": logging.WARNING,
     "prefect.flow_runs": logging.CRITICAL,
 }
+
+
+@contextmanager
+def quiet_prefect(verbose: bool) -> Iterator[None]:
+    """One line per step instead of Prefect's lines per task, unless ``verbose``; the per-run
+    loggers' levels are restored afterwards ("prefect" stays quiet, since the temporary server's
+    "Stopping …" line comes at interpreter exit, after the run dir)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network calls
+    saved = {name: logging.getLogger(name).level for name in QUIET_LOGGERS if name != "prefect"}
+    if not verbose:
+        for name, level in QUIET_LOGGERS.items():
+            logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def fail_in_one_line(err: Exception, verbose: bool) -> typer.Exit:
+    """The one-line error (exit 2 for a bad config or argument, 1 otherwise); re-raise if verbose."""
+    if verbose:
+        raise err
+    typer.echo(f"error: {type(err).__name__}: {' '.join(str(err).split())}", err=True)
+    return typer.Exit(code=2 if isinstance(err, ConfigError) else 1)
 
 
 def train_command(
@@ -47,25 +74,12 @@ def train_command(
     """Train with PPO-family RL; the last line printed is the run directory."""
     from flows.train import resolve_config, train
 
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network calls
-    # the per-run loggers are restored afterwards; "prefect" stays quiet, since the temporary
-    # server's "Stopping …" line comes at interpreter exit, after the run dir
-    saved = {name: logging.getLogger(name).level for name in QUIET_LOGGERS if name != "prefect"}
-    if not verbose:  # one progress line per step instead of Prefect's lines per stage; a
-        # failure is reported below in one line, not by the flow run's traceback log
-        for name, level in QUIET_LOGGERS.items():
-            logging.getLogger(name).setLevel(level)
-    try:
-        cfg = resolve_config(config, overrides or [])  # a bad config fails before Prefect starts
-        result = train(cfg, [], run_dir)
-    except Exception as err:
-        if verbose:
-            raise
-        typer.echo(f"error: {type(err).__name__}: {' '.join(str(err).split())}", err=True)
-        raise typer.Exit(code=2 if isinstance(err, ConfigError) else 1) from None
-    finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
+    with quiet_prefect(verbose):
+        try:
+            cfg = resolve_config(config, overrides or [])  # a bad config fails before Prefect
+            result = train(cfg, [], run_dir)
+        except Exception as err:
+            raise fail_in_one_line(err, verbose) from None
     typer.echo(result.run_dir)
 
 

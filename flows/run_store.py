@@ -119,7 +119,13 @@ class StageRecord:
 
 @dataclass
 class StepJournal:
-    """The record of one step: its input artifact, every stage's record, the step's metrics."""
+    """The record of one step: its input artifact, every stage's record, the step's metrics.
+
+    ``metrics`` holds the stages' metrics and ``timing_s/*`` while the step runs; the train flow
+    replaces them with the step's full metrics (data, timing, throughput, ``training/*``) after
+    it. ``weights``: role → weights fingerprint at the start of the step (flows/engines.py's
+    lineage), which a re-run of the step needs for its cache keys.
+    """
 
     step: int
     status: Literal["running", "done"] = "running"
@@ -127,6 +133,7 @@ class StepJournal:
     input_fingerprint: str | None = None
     stages: list[StageRecord] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, str] = field(default_factory=dict)
 
     def record(self, name: str) -> StageRecord:
         """The record of stage ``name``; ``KeyError`` listing the recorded stages otherwise."""
@@ -146,6 +153,7 @@ class StepJournal:
             "input_fingerprint": self.input_fingerprint,
             "stages": [record.to_json() for record in self.stages],
             "metrics": encode_metrics(self.metrics, f"step {self.step}"),
+            "weights": dict(self.weights),
         }
 
     @classmethod
@@ -157,6 +165,7 @@ class StepJournal:
             input_fingerprint=data["input_fingerprint"],
             stages=[StageRecord.from_json(record) for record in data["stages"]],
             metrics=decode_metrics(data["metrics"]),
+            weights=dict(data.get("weights") or {}),
         )
 
 
@@ -266,6 +275,22 @@ class RunStore:
     def load_config(self) -> dict[str, Any]:
         """The config saved by :meth:`save_config`, as plain JSON data."""
         return self._read_json(f"{self.root}/{CONFIG_FILE}", "config.json")
+
+    def save_json(self, name: str, data: Any) -> str:
+        """Write ``data`` as ``<root>/<name>`` (one file name, e.g. ``rerun.json``), atomically."""
+        if not _SEGMENT.fullmatch(name):
+            raise ValueError(f"{name!r} is not a plain file name")
+        url = f"{self.root}/{name}"
+        self._write_text(url, json.dumps(jsonable(data, name), indent=1, sort_keys=True))
+        return url
+
+    def load_json(self, name: str) -> Any:
+        """The JSON file ``<root>/<name>`` written by :meth:`save_json`."""
+        return self._read_json(f"{self.root}/{name}", name)
+
+    def exists(self, name: str) -> bool:
+        """Whether ``<root>/<name>`` exists."""
+        return bool(self.fs.exists(self._fs_path(f"{self.root}/{name}")))
 
     def save_input(self, step: int, batch: Any) -> ArtifactRef:
         """Write the step's input batch as the artifact ``step_<k>/input`` (replacing one there)."""

@@ -313,3 +313,39 @@ def run_stage(
     )
     produced = set(stage.produces) | batch_keys(delta) if stage.extra_outputs else stage.produces
     return StageOutcome(delta, record, artifact_key_fingerprints(ref.fingerprint, produced))
+
+
+def reuse_stage(
+    stage: Stage, record: StageRecord, origin: str, verify: Verify = "full"
+) -> StageOutcome:
+    """Take one stage's delta from another run's journal record (a re-run's upstream stages).
+
+    The artifact ``record.artifact`` is loaded (``verify="full"`` hashes every file) and must
+    still hold ``record.fingerprint``; its metrics come from the record. No stage work is done.
+
+    Raises:
+        ArtifactError: the artifact is gone, damaged, or holds other content than recorded.
+        ValueError: the record has no artifact (the stage was skipped in ``origin``).
+    """
+    start = perf_counter()
+    if record.artifact is None or record.fingerprint is None:
+        raise ValueError(
+            f"stage {stage.name!r} has no artifact in {origin} ({record.status}: "
+            f"{record.reason}); re-run from {stage.name!r} or an earlier stage instead"
+        )
+    manifest = read_manifest(record.artifact)
+    if manifest["fingerprint"] != record.fingerprint:
+        raise ArtifactError(
+            f"{record.artifact}: holds fingerprint {manifest['fingerprint'][:16]}…, but the "
+            f"journal of {origin} records {record.fingerprint[:16]}… (the artifact was replaced)"
+        )
+    delta = load_artifact(record.artifact, verify=verify)
+    reused = replace(
+        record,
+        status="cached",
+        reason=f"reused from {origin}",
+        timing_s=perf_counter() - start,
+        metrics=dict(record.metrics),
+    )
+    produced = set(stage.produces) | batch_keys(delta) if stage.extra_outputs else stage.produces
+    return StageOutcome(delta, reused, artifact_key_fingerprints(record.fingerprint, produced))

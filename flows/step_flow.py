@@ -31,7 +31,7 @@ from dataproto.protocol import DataProto
 from flows.cache_keys import artifact_key_fingerprints, reordered_fingerprints
 from flows.dag import StepPlan, batch_keys, plan_step
 from flows.run_store import RunStore, StageRecord, StepJournal
-from flows.stage_task import run_stage, timer_name
+from flows.stage_task import reuse_stage, run_stage, timer_name
 from stages.stage import KeyRef, Stage, StageContext, tensor
 
 WeightsFingerprints = Mapping[str, str] | Callable[[Stage], str] | None
@@ -142,6 +142,8 @@ def _run_step(
     refresh: Collection[str] = (),
     retries: int = 0,
     verify: Verify = "full",
+    reuse: Mapping[str, StageRecord] | None = None,
+    reuse_origin: str = "another run",
 ) -> StepResult:
     """Run one PPO step: every enabled stage in order, cached, its delta merged into the batch.
 
@@ -154,7 +156,11 @@ def _run_step(
         refresh: stage names to recompute even on a cache hit (``rerun --from``).
         retries: Prefect retries for stages that write no weights.
         verify: how cached artifacts are checked (flows/stage_task.py: run_stage).
+        reuse: stage name → a record from another run's journal of this step; those stages are
+            not run, their artifacts are loaded (``reuse_stage``) — a re-run's upstream stages.
+        reuse_origin: names that run in the reused records' reasons.
     """
+    reuse = reuse or {}
     start = perf_counter()
     plan = plan_step(stages, ctx.config, batch_keys(batch), step=step)
     _check_weights(plan, weights_fingerprints)
@@ -166,18 +172,21 @@ def _run_step(
     records = {name: StageRecord(name, "skipped", reason) for name, reason in plan.skipped.items()}
     metrics = dict(ctx.metrics)
     for stage in plan.stages:
-        outcome = run_stage(
-            stage,
-            batch,
-            replace(ctx, metrics=metrics),
-            store,
-            step,
-            fingerprints=fingerprints,
-            weights_fingerprint=weights_for(stage, weights_fingerprints),
-            refresh=stage.name in refresh,
-            retries=0 if stage.writes_weights else retries,
-            verify=verify,
-        )
+        if stage.name in reuse:
+            outcome = reuse_stage(stage, reuse[stage.name], reuse_origin, verify)
+        else:
+            outcome = run_stage(
+                stage,
+                batch,
+                replace(ctx, metrics=metrics),
+                store,
+                step,
+                fingerprints=fingerprints,
+                weights_fingerprint=weights_for(stage, weights_fingerprints),
+                refresh=stage.name in refresh,
+                retries=0 if stage.writes_weights else retries,
+                verify=verify,
+            )
         batch = batch | outcome.delta
         fingerprints.update(outcome.fingerprints)
         if stage.reorders is not None:

@@ -244,6 +244,7 @@ def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRe
         global_steps=step,
         kl_coef=None if run.kl_ctrl is None else run.kl_ctrl.value,
     )
+    weights_at_start = run.lineage.state_dict()
     result = run_step.fn(
         PPO_STAGES,
         step_input,
@@ -257,7 +258,11 @@ def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRe
     run.lineage.advance(PPO_STAGES, result.records)
     if run.kl_ctrl is not None:
         run.kl_ctrl.update(current_kl=result.metrics[KL_METRIC], n_steps=len(result.batch))
-    return step_metrics(result, cfg, step, epoch), result.records
+    metrics = step_metrics(result, cfg, step, epoch)
+    journal = run.store.read_journal(step)
+    journal.metrics, journal.weights = metrics, weights_at_start
+    run.store.write_journal(journal)
+    return metrics, result.records
 
 
 def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:

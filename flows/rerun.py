@@ -1,0 +1,409 @@
+"""Re-running stages of a past step into a new run branch: ``ppoflow rerun``.
+
+``rerun(run_dir, step, from_stage, to_stage, overrides)`` recomputes stage ``from_stage`` of step
+``step`` and every enabled stage after it (up to ``to_stage``) under the run's config plus
+``overrides``, into a new run directory. The original run is only read, never written:
+
+1. the new run gets the parent's resolved config with the overrides applied, a ``rerun.json``
+   naming the parent, and a copy of the parent's cache records (small ArtifactRefs), so a stage
+   whose cache key did not change is a cache hit on the parent's artifact;
+2. the step's input is the parent's ``step_<k>/input`` artifact (same prompts, uids, KL β);
+3. the stages before ``from_stage`` are not run: their artifacts are loaded from the parent's
+   journal (``flows.stage_task.reuse_stage``, fingerprints checked), so their key fingerprints —
+   and therefore the cache keys downstream — are those of the original step. A stage the parent
+   skipped but the new config enables (e.g. ``ref_log_prob`` after turning KL on) is computed;
+4. the stages from ``from_stage`` on run as cached stage tasks (``flows.step_flow.run_step``):
+   with unchanged config and inputs they hit the cache, otherwise they compute. ``--refresh``
+   recomputes them regardless;
+5. the step's metrics (the stages', and data / timing / throughput when the batch reached the
+   advantage stage) are compared with the parent's journal: :func:`metric_diff`.
+
+Engines are built lazily (:class:`LazyEngines`): only a stage that actually computes touches
+one. Weight-reading stages need the weights at the start of step k: the initial model for step
+1, else the checkpoint saved after step k − 1 (``trainer.save_freq``) under the parent's
+``trainer.default_local_dir``; if it is missing the stage fails naming the checkpoint and how to
+get one. The weights fingerprints of the cache keys are the parent journal's ``weights``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from dataproto import keys as K
+from dataproto.artifact import Verify, load_artifact
+from flows.checkpoints import DATA_ROLE, STATE_FILE
+from flows.engines import (
+    WeightsLineage,
+    build_reward,
+    build_role,
+    close_engines,
+    roles_for,
+)
+from flows.run_store import RunStore, StepJournal
+from flows.step_flow import StepFlow, StepResult, run_step
+from flows.train import step_metrics
+from stages.config import PPORunConfig, apply_overrides
+from stages.engines.checkpoint import checkpoint_dir
+from stages.ppo import PPO_STAGES
+from stages.reward.stage import LOOP_ENGINE, MODEL_ENGINE
+from stages.stage import Stage, StageContext
+
+#: the flow-computed last stage of the ARCHITECTURE table (data, timing, throughput metrics)
+METRICS_STAGE = "metrics"
+STAGE_NAMES: tuple[str, ...] = (*(stage.name for stage in PPO_STAGES), METRICS_STAGE)
+RERUN_FILE = "rerun.json"
+#: metric name prefixes that differ between any two runs of the same work (wall time)
+TIMING_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/")
+
+
+# --- which stages --------------------------------------------------------------------------------
+
+
+def check_stage_name(name: str, option: str) -> str:
+    """``name`` if it is a stage of the ARCHITECTURE table, else a ValueError listing them."""
+    if name not in STAGE_NAMES:
+        raise ValueError(f"{option} {name!r} is not a stage; stages are {list(STAGE_NAMES)}")
+    return name
+
+
+def stage_window(from_stage: str, to_stage: str | None) -> tuple[tuple[Stage, ...], list[str]]:
+    """(the stages the re-run plans, up to ``to_stage``; the names of those before ``from_stage``).
+
+    >>> stages, before = stage_window("advantage", "advantage")
+    >>> [s.name for s in stages][-1], before[:2]
+    ('advantage', ['rollout', 'balance'])
+    """
+    check_stage_name(from_stage, "--from")
+    to_stage = check_stage_name(to_stage or METRICS_STAGE, "--to")
+    if STAGE_NAMES.index(to_stage) < STAGE_NAMES.index(from_stage):
+        raise ValueError(
+            f"--to {to_stage!r} comes before --from {from_stage!r}; stages run in the order "
+            f"{list(STAGE_NAMES)}"
+        )
+    names = list(STAGE_NAMES[: STAGE_NAMES.index(to_stage) + 1])
+    stages = tuple(stage for stage in PPO_STAGES if stage.name in names)
+    return stages, list(STAGE_NAMES[: STAGE_NAMES.index(from_stage)])
+
+
+def reusable_records(journal: StepJournal, before: Sequence[str]) -> dict[str, Any]:
+    """The parent's records of the stages before ``--from`` that have an artifact to reuse."""
+    return {
+        record.stage: record
+        for record in journal.stages
+        if record.stage in before and record.status != "skipped" and record.artifact
+    }
+
+
+# --- engines, built only when a stage computes --------------------------------------------------
+
+
+class LazyEngines(Mapping[str, Any]):
+    """``StageContext.engines`` whose entries are built on first access.
+
+    ``builders`` maps an engine name to a function returning a dict of engines (one builder may
+    make several, e.g. the reward loop and reward model). ``built`` lists the names built so far,
+    so a caller can show that a cached re-run touched no model.
+    """
+
+    def __init__(self, builders: Mapping[str, Callable[[], dict[str, Any]]]) -> None:
+        self._builders = dict(builders)
+        self._engines: dict[str, Any] = {}
+        self.built: list[str] = []
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._engines:
+            if name not in self._builders:
+                raise KeyError(name)
+            made = self._builders[name]()
+            self._engines.update(made)
+            self.built.extend(sorted(made))
+        return self._engines[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._builders
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._builders)
+
+    def __len__(self) -> int:
+        return len(self._builders)
+
+    def close(self) -> None:
+        close_engines(self._engines)
+
+
+def checkpoint_root(parent_cfg: PPORunConfig) -> Path:
+    return Path(parent_cfg.trainer.default_local_dir)
+
+
+def missing_checkpoint_error(role: str, step: int, directory: Path) -> FileNotFoundError:
+    root = directory.parent.parent
+    kept = sorted(p.name for p in root.glob("global_step_*")) if root.is_dir() else []
+    return FileNotFoundError(
+        f"re-running a stage that uses the {role} weights of step {step} needs the checkpoint "
+        f"saved after step {step - 1}, but {directory} does not exist (checkpoints there: "
+        f"{kept or 'none'}). Train with trainer.save_freq dividing {step - 1} (e.g. "
+        "trainer.save_freq=1) and enough trainer.max_actor_ckpt_to_keep, or re-run from a "
+        "stage that uses no weights (reward, advantage)"
+    )
+
+
+def role_builder(
+    cfg: PPORunConfig, parent_cfg: PPORunConfig, role: str, step: int
+) -> Callable[[], dict[str, Any]]:
+    """Builds ``role`` with the weights at the start of ``step`` (module docstring)."""
+
+    def build() -> dict[str, Any]:
+        directory = checkpoint_dir(checkpoint_root(cfg), step - 1, role)
+        restore = step > 1 and role != "ref"  # the reference policy never changes
+        if restore and not directory.is_dir():
+            raise missing_checkpoint_error(role, step, directory)
+        engine = build_role(cfg, role, total_training_steps(cfg))
+        try:
+            if restore:
+                engine.call_all("load_checkpoint", directory=str(directory))
+        except BaseException:
+            engine.close()
+            raise
+        return {role: engine}
+
+    return build
+
+
+def total_training_steps(cfg: PPORunConfig) -> int:
+    """The run's step count (the lr schedule's length), from the config or the train set."""
+    from flows.train import load_datasets
+    from stages.data import load_tokenizer
+
+    if cfg.trainer.total_training_steps:
+        return int(cfg.trainer.total_training_steps)
+    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path)
+    train_set, _ = load_datasets(cfg, tokenizer)
+    return cfg.resolve_total_training_steps(len(train_set))
+
+
+def lazy_engines(cfg: PPORunConfig, parent_cfg: PPORunConfig, step: int) -> LazyEngines:
+    """Every engine ``cfg`` may need, none built yet."""
+    from stages.data import load_tokenizer
+
+    def reward() -> dict[str, Any]:
+        return build_reward(cfg, load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path))
+
+    builders: dict[str, Callable[[], dict[str, Any]]] = {
+        role: role_builder(cfg, parent_cfg, role, step) for role in roles_for(cfg)
+    }
+    builders.update({LOOP_ENGINE: reward, MODEL_ENGINE: reward})
+    return LazyEngines(builders)
+
+
+def weights_at_start(journal: StepJournal, parent_cfg: PPORunConfig, step: int) -> dict[str, str]:
+    """role → weights fingerprint at the start of ``step``: the journal's, else the checkpoint
+    after step − 1 (its lineage), else (step 1) the initial models'."""
+    if journal.weights:
+        return dict(journal.weights)
+    if step == 1:
+        return WeightsLineage.from_config(parent_cfg).state_dict()
+    state = checkpoint_dir(checkpoint_root(parent_cfg), step - 1, DATA_ROLE) / STATE_FILE
+    if state.is_file():
+        return dict(json.loads(state.read_text(encoding="utf-8"))["weights_lineage"])
+    return {}
+
+
+def weights_lookup(weights: dict[str, str], step: int) -> Callable[[Stage], str]:
+    def fingerprint(stage: Stage) -> str:
+        if stage.engine not in weights:
+            raise KeyError(
+                f"stage {stage.name!r} reads the {stage.engine} weights, but step {step} of the "
+                "parent run records no weights fingerprint and has no checkpoint of the step "
+                "before; re-run from a stage after it"
+            )
+        return weights[stage.engine]
+
+    return fingerprint
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricChange:
+    """One metric of the re-run step against the original (None: absent on that side)."""
+
+    name: str
+    before: float | None
+    after: float | None
+
+    @property
+    def delta(self) -> float | None:
+        if self.before is None or self.after is None:
+            return None
+        return self.after - self.before
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def metric_diff(
+    before: Mapping[str, float], after: Mapping[str, float], include_timing: bool = False
+) -> list[MetricChange]:
+    """Metrics that differ (or exist on one side only), sorted by name; wall-time metrics
+    (:data:`TIMING_PREFIXES`) only with ``include_timing``.
+
+    >>> [c.name for c in metric_diff({"a": 1.0, "b": 2.0, "timing_s/gen": 1.0},
+    ...                               {"a": 1.0, "b": 3.0, "c": 0.0, "timing_s/gen": 2.0})]
+    ['b', 'c']
+    """
+    names = sorted(set(before) | set(after))
+    if not include_timing:
+        names = [name for name in names if not name.startswith(TIMING_PREFIXES)]
+    changes = [MetricChange(name, before.get(name), after.get(name)) for name in names]
+    return [change for change in changes if not _same(change.before, change.after)]
+
+
+def format_diff(changes: Sequence[MetricChange], unchanged: int) -> str:
+    """A plain-text table: name, original, re-run, Δ; then the count of unchanged metrics."""
+
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.6g}"
+
+    if not changes:
+        return f"no metric changed ({unchanged} compared, wall-time metrics left out)"
+    width = max(len(change.name) for change in changes)
+    lines = [f"{'metric':<{width}}  {'original':>12}  {'re-run':>12}  {'Δ':>12}"]
+    for change in changes:
+        lines.append(
+            f"{change.name:<{width}}  {cell(change.before):>12}  {cell(change.after):>12}  "
+            f"{cell(change.delta):>12}"
+        )
+    lines.append(f"{len(changes)} changed, {unchanged} unchanged (wall-time metrics left out)")
+    return "\n".join(lines)
+
+
+# --- the flow ------------------------------------------------------------------------------------
+
+
+@dataclass
+class RerunResult:
+    """What a re-run made: the new run dir, the step's records and metrics, the metric diff."""
+
+    run_dir: str
+    parent_dir: str
+    step: int
+    result: StepResult
+    metrics: dict[str, float]
+    changes: list[MetricChange]
+    unchanged: int
+    engines_built: list[str] = field(default_factory=list)
+
+
+def default_rerun_dir(parent_dir: str, step: int, from_stage: str) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
+    return f"{parent_dir.rstrip('/')}-rerun-step{step}-{from_stage}-{stamp}"
+
+
+def parent_step(parent: RunStore, step: int) -> StepJournal:
+    """The parent's finished journal of ``step``; a clear error when there is none."""
+    steps = parent.steps()
+    if step not in steps:
+        raise ValueError(f"{parent.root} has no step {step}; its steps are {steps or 'none'}")
+    journal = parent.read_journal(step)
+    if journal.status != "done" or journal.input_artifact is None:
+        raise ValueError(
+            f"step {step} of {parent.root} did not finish (journal status {journal.status!r}); "
+            "re-run a finished step"
+        )
+    return journal
+
+
+def open_branch(parent: RunStore, cfg: PPORunConfig, new_dir: str, info: dict) -> RunStore:
+    """The new run dir: config, ``rerun.json``, and a copy of the parent's cache records."""
+    store = RunStore(new_dir)
+    if store.steps() or store.exists(RERUN_FILE) or store.exists("config.json"):
+        raise FileExistsError(f"{store.root} already holds a run; choose another --run-dir")
+    store.save_config(cfg)
+    store.save_json(RERUN_FILE, info)
+    if Path(parent.cache_dir).is_dir():
+        shutil.copytree(parent.cache_dir, store.cache_dir, dirs_exist_ok=True)
+    return store
+
+
+def _rerun(
+    run_dir: str,
+    step: int,
+    from_stage: str,
+    to_stage: str | None = None,
+    overrides: Sequence[str] = (),
+    new_run_dir: str | None = None,
+    refresh: bool = False,
+    verify: Verify = "full",
+) -> RerunResult:
+    """Re-run stages of step ``step`` of ``run_dir`` (module docstring)."""
+    stages, before = stage_window(from_stage, to_stage)
+    parent = RunStore(run_dir)
+    parent_cfg = PPORunConfig.model_validate(parent.load_config())
+    cfg = apply_overrides(parent_cfg, list(overrides)) if overrides else parent_cfg
+    journal = parent_step(parent, step)
+    info = {
+        "parent_run_dir": parent.root,
+        "step": step,
+        "from": from_stage,
+        "to": to_stage or METRICS_STAGE,
+        "overrides": list(overrides),
+    }
+    store = open_branch(
+        parent, cfg, new_run_dir or default_rerun_dir(parent.root, step, from_stage), info
+    )
+    engines = lazy_engines(cfg, parent_cfg, step)
+    try:
+        result = run_step.fn(
+            stages,
+            load_artifact(journal.input_artifact, verify=verify),
+            StageContext(config=cfg, engines=engines, step=step),
+            store,
+            step,
+            weights_fingerprints=weights_lookup(weights_at_start(journal, parent_cfg, step), step),
+            refresh=[s.name for s in stages if s.name not in before] if refresh else (),
+            verify=verify,
+            reuse=reusable_records(journal, before),
+            reuse_origin=f"{parent.root} step {step}",
+        )
+    finally:
+        engines.close()
+    metrics = dict(result.metrics)
+    if K.ADVANTAGES in result.batch.batch:
+        epoch = int(journal.metrics.get("training/epoch", 0))
+        metrics = step_metrics(result, cfg, step, epoch)
+    done = store.read_journal(step)
+    done.metrics, done.weights = metrics, dict(journal.weights)
+    store.write_journal(done)
+    changes = metric_diff(journal.metrics, metrics)
+    compared = metric_diff({}, {**journal.metrics, **metrics})
+    return RerunResult(
+        run_dir=store.root,
+        parent_dir=parent.root,
+        step=step,
+        result=result,
+        metrics=metrics,
+        changes=changes,
+        unchanged=len(compared) - len(changes),
+        engines_built=list(engines.built),
+    )
+
+
+rerun = StepFlow(
+    fn=_rerun,
+    name="ppo-rerun",
+    flow_run_name="rerun-step{step}-from-{from_stage}",
+    validate_parameters=False,
+    persist_result=False,
+)

@@ -1,0 +1,196 @@
+"""``ppoflow rerun`` end to end on the tiny model: a 2-step GRPO run (checkpoint every step) is
+branched from step 2 with another estimator, identically, and without the checkpoint it needs.
+
+A model call is detected by replacing the worker methods (rollout, log-probs, update) with ones
+that record the call; the re-run must not build or call what it reuses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.rerun import rerun
+from flows.run_store import RunStore
+from flows.train import train
+from stages.data import make_demo_data, make_tiny_model
+from stages.engines import roles
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+
+REPO = Path(__file__).resolve().parents[2]
+UPSTREAM_OF_ADVANTAGE = ["rollout", "balance", "reward", "old_log_prob"]
+MODEL_METHODS = {
+    roles.ActorWorker: ["generate_sequences", "compute_log_prob", "update_actor"],
+    roles.RefWorker: ["compute_ref_log_prob"],
+}
+
+
+@pytest.fixture(scope="module")
+def parent_run(tmp_path_factory) -> dict:
+    """2 GRPO steps, a checkpoint after each; the run dir, checkpoints and MLflow in tmp.
+
+    The untrained model scores 0 on the demo task everywhere, which makes every estimator's
+    advantages 0; a custom scorer with spread-out scores makes the estimators differ.
+    """
+    root = tmp_path_factory.mktemp("rerun")
+    (root / "spread_score.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    return float(sum(map(ord, solution_str)) % 5) / 4\n"
+    )
+    make_demo_data(root / "data", n_train=32, n_val=8)
+    make_tiny_model(root / "model")
+    result = train(
+        REPO / "configs" / "demo-cpu.yaml",
+        [
+            f"data.train_files=[{root}/data/train.parquet]",
+            f"data.val_files=[{root}/data/val.parquet]",
+            f"actor_rollout_ref.model.path={root}/model",
+            "data.train_batch_size=4",
+            "data.max_response_length=8",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=0",
+            "trainer.save_freq=1",
+            f"trainer.default_local_dir={root}/checkpoints",
+            f"ppoflow.mlflow_tracking_uri=sqlite:///{root}/mlflow.db",
+            "reward.num_workers=1",
+            f"reward.custom_reward_function.path={root}/spread_score.py",
+        ],
+        str(root / "run"),
+    )
+    return {"root": root, "run_dir": result.run_dir}
+
+
+@pytest.fixture
+def model_calls(monkeypatch) -> list[str]:
+    """Every worker model method called from now on (the call still happens)."""
+    calls: list[str] = []
+    for cls, methods in MODEL_METHODS.items():
+        for name in methods:
+            original = getattr(cls, name)
+
+            def recorded(self, *args, _name=f"{cls.__name__}.{name}", _fn=original, **kwargs):
+                calls.append(_name)
+                return _fn(self, *args, **kwargs)
+
+            monkeypatch.setattr(cls, name, recorded)
+    return calls
+
+
+def snapshot(run_dir: str) -> dict[str, float]:
+    """Every file of a run dir (except cache records) → mtime, to prove it was not modified."""
+    root = Path(run_dir)
+    return {
+        str(p.relative_to(root)): p.stat().st_mtime_ns
+        for p in root.rglob("*")
+        if p.is_file() and "cache" not in p.relative_to(root).parts
+    }
+
+
+def test_rerun_from_advantage_with_another_estimator(parent_run, tmp_path, model_calls):
+    before = snapshot(parent_run["run_dir"])
+    result = rerun(
+        parent_run["run_dir"],
+        2,
+        "advantage",
+        overrides=["algorithm.adv_estimator=rloo"],
+        new_run_dir=str(tmp_path / "branch"),
+    )
+    parent = RunStore(parent_run["run_dir"]).read_journal(2)
+    branch = RunStore(result.run_dir).read_journal(2)
+    for stage in UPSTREAM_OF_ADVANTAGE:
+        original, reused = parent.record(stage), branch.record(stage)
+        assert reused.status == "cached" and reused.reason.startswith("reused from")
+        assert reused.fingerprint == original.fingerprint and reused.artifact == original.artifact
+    for stage in ("advantage", "update_actor"):
+        assert branch.record(stage).status == "ran"
+        assert branch.record(stage).cache_key != parent.record(stage).cache_key
+        assert branch.record(stage).artifact.startswith(result.run_dir)
+    assert branch.record("advantage").fingerprint != parent.record("advantage").fingerprint
+    assert model_calls == ["ActorWorker.update_actor"]  # no rollout, no log-prob pass
+    changed = {change.name for change in result.changes}
+    assert "critic/advantages/mean" in changed or "critic/advantages/max" in changed
+    assert "actor/pg_loss" in changed
+    assert "critic/score/mean" not in changed  # the same responses and rewards
+    assert snapshot(parent_run["run_dir"]) == before  # the original run is never modified
+    info = json.loads((tmp_path / "branch" / "rerun.json").read_text())
+    assert info["parent_run_dir"] == parent_run["run_dir"] and info["from"] == "advantage"
+
+
+def test_identical_rerun_is_all_cache_hits(parent_run, tmp_path, model_calls):
+    result = rerun(parent_run["run_dir"], 2, "rollout", new_run_dir=str(tmp_path / "same"))
+    statuses = {r.stage: (r.status, r.reason) for r in result.result.records}
+    ran = {stage: status for stage, (status, _) in statuses.items() if status != "skipped"}
+    assert ran and set(ran.values()) == {"cached"}, statuses
+    assert all(reason == "cache hit" for status, reason in statuses.values() if status == "cached")
+    assert model_calls == [] and result.engines_built == []
+    assert result.changes == []  # every non-wall-time metric equal to the original's
+
+
+def test_to_stops_after_the_named_stage(parent_run, tmp_path, model_calls):
+    result = rerun(
+        parent_run["run_dir"],
+        1,
+        "advantage",
+        "advantage",
+        ["algorithm.norm_adv_by_std_in_grpo=false"],
+        str(tmp_path / "adv-only"),
+    )
+    stages = [r.stage for r in result.result.records if r.status != "skipped"]
+    assert stages[-1] == "advantage" and "update_actor" not in stages
+    assert model_calls == [] and result.engines_built == []
+    assert "critic/advantages/max" in {c.name for c in result.changes}  # data metrics recomputed
+
+
+def test_a_missing_checkpoint_is_named(parent_run, tmp_path):
+    elsewhere = tmp_path / "no-checkpoints"
+    runner = CliRunner()
+    outcome = runner.invoke(
+        app,
+        [
+            "rerun",
+            parent_run["run_dir"],
+            "--step",
+            "2",
+            "--from",
+            "update_actor",
+            "--refresh",  # its cache entry still holds: without --refresh it would be a hit
+            "--run-dir",
+            str(tmp_path / "fails"),
+            f"trainer.default_local_dir={elsewhere}",
+        ],
+    )
+    assert outcome.exit_code == 1
+    assert "global_step_1" in outcome.output and "trainer.save_freq" in outcome.output
+
+
+def test_cli_prints_the_diff_and_the_new_run_dir_last(parent_run, tmp_path):
+    outcome = CliRunner().invoke(
+        app,
+        [
+            "rerun",
+            parent_run["run_dir"],
+            "--step",
+            "1",
+            "--from",
+            "advantage",
+            "--to",
+            "advantage",
+            "algorithm.adv_estimator=rloo",
+            "--run-dir",
+            str(tmp_path / "cli"),
+        ],
+    )
+    assert outcome.exit_code == 0, outcome.output
+    lines = outcome.output.strip().splitlines()
+    assert lines[-1] == str(tmp_path / "cli")
+    assert any(line.startswith("critic/advantages/") for line in lines)
+    assert any("reused from" in line for line in lines)
