@@ -1,7 +1,9 @@
-"""Artifact commands: ``ppoflow inspect``, ``ppoflow ledger`` and ``ppoflow make-sample-batch``."""
+"""Artifact commands: ``ppoflow inspect`` (an artifact or a run directory), ``ppoflow ledger``
+and ``ppoflow make-sample-batch``."""
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Annotated
 
@@ -11,6 +13,9 @@ from dataproto.artifact import ArtifactError, save_artifact
 from dataproto.ledger import ledger_from_params
 from dataproto.report import describe_artifact
 from dataproto.sample_batch import make_sample_batch
+from flows import run_report
+from flows.run_report import RunReportError
+from flows.run_store import RunStore
 
 
 class VerifyMode(StrEnum):
@@ -24,16 +29,78 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def inspect(
-    path: Annotated[str, typer.Argument(help="Artifact directory or fsspec URL.")],
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="A run directory or one artifact directory (local path or fsspec URL)."
+        ),
+    ],
+    step: Annotated[
+        int | None, typer.Option("--step", help="Run directory: show this step's stages.")
+    ] = None,
+    stage: Annotated[
+        str | None,
+        typer.Option(
+            "--stage", help="Run directory, with --step: this stage's record and artifact."
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Run directory: print one JSON document (config; per step: stage status, "
+            'artifact, fingerprint, timing, metrics). NaN/inf are written as {"float": "nan"}.',
+        ),
+    ] = False,
     verify: Annotated[
         VerifyMode,
         typer.Option(help="full: hash every file first; lazy: sizes, headers and small files."),
     ] = VerifyMode.full,
 ) -> None:
+    """Describe a run directory (steps × stages: ran / cached / skipped, sizes, key metrics) or an
+    artifact (manifest, schema, per-key statistics, token ledger)."""
+    try:
+        kind = run_report.path_kind(path)
+    except RunReportError as err:
+        raise _fail(str(err)) from None
+    if kind == "artifact":
+        if step is not None or stage is not None or as_json:
+            raise _fail(
+                f"{path} is an artifact directory; --step, --stage and --json apply to a run "
+                "directory (inspect the run, or drop those options)",
+                code=2,
+            )
+        inspect_artifact(path, verify)
+    else:
+        inspect_run(path, step, stage, as_json, verify)
+
+
+def inspect_artifact(path: str, verify: VerifyMode) -> None:
     """Print an artifact's manifest, schema, per-key statistics and token ledger."""
     try:
         typer.echo(describe_artifact(path, verify=verify.value))
     except ArtifactError as err:
+        raise _fail(str(err)) from None
+
+
+def inspect_run(
+    path: str, step: int | None, stage: str | None, as_json: bool, verify: VerifyMode
+) -> None:
+    """Print the run overview, one step, one stage, or the JSON document (flows/run_report.py)."""
+    if stage is not None and step is None:
+        raise _fail(f"--stage {stage} needs --step K (the step whose stage to show)", code=2)
+    store = RunStore(path)
+    try:
+        if as_json:
+            document = run_report.run_json(store, step, stage)
+            typer.echo(json.dumps(document, indent=1, allow_nan=False))
+        elif stage is not None:
+            typer.echo(run_report.stage_text(store, step, stage, verify=verify.value))
+        elif step is not None:
+            typer.echo(run_report.step_text(store, step))
+        else:
+            typer.echo(run_report.run_table(store))
+    except ValueError as err:  # RunReportError, ArtifactError
         raise _fail(str(err)) from None
 
 
