@@ -16,7 +16,8 @@
    with unchanged config and inputs they hit the cache, otherwise they compute. ``--refresh``
    recomputes them regardless;
 5. the step's metrics (the stages', and data / timing / throughput when the batch reached the
-   advantage stage) are compared with the parent's journal: :func:`metric_diff`.
+   advantage stage) are compared with the parent's journal: :func:`metric_diff` (with ``--to``,
+   only the metrics the re-run produced; metrics of the stages after it are not changes).
 
 Engines are built lazily (:class:`LazyEngines`): only a stage that actually computes touches
 one. Weight-reading stages need the weights at the start of step k: the initial model for step
@@ -386,8 +387,11 @@ def _rerun(
     done = store.read_journal(step)
     done.metrics, done.weights = metrics, dict(journal.weights)
     store.write_journal(done)
-    changes = metric_diff(journal.metrics, metrics)
-    compared = metric_diff({}, {**journal.metrics, **metrics})
+    original = dict(journal.metrics)
+    if (to_stage or METRICS_STAGE) != METRICS_STAGE:  # stages after --to did not run: not a change
+        original = {name: value for name, value in original.items() if name in metrics}
+    changes = metric_diff(original, metrics)
+    compared = metric_diff({}, {**original, **metrics})
     return RerunResult(
         run_dir=store.root,
         parent_dir=parent.root,
