@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -283,7 +284,16 @@ def is_due(step: int, freq: int, last: int) -> bool:
 # --- the flow ----------------------------------------------------------------------------------
 
 
-def _train(config, overrides=(), run_dir: str | None = None) -> TrainResult:
+def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) -> TrainResult:
+    """Train with PPO-family RL (module docstring).
+
+    Args:
+        config: a config file, a config name in configs/ (``demo-cpu``, ``grpo``), or a
+            resolved config object.
+        overrides: ``key.path=value`` strings, values parsed as YAML (as on the command line).
+        run_dir: the run directory (local path or fsspec URL); default
+            ``<ppoflow.artifact_dir>/<experiment_name>-<time>``.
+    """
     cfg = resolve_config(config, overrides)
     run = open_run(cfg, run_dir)
     result = TrainResult(run.store.root, None, run.total_steps)
@@ -309,10 +319,15 @@ def _train(config, overrides=(), run_dir: str | None = None) -> TrainResult:
             result.history.append(metrics)
         status = "FINISHED"
     finally:
+        run.progress.close()  # stop the live bar, also when the run failed
         close_engines(run.engines)
         if run.logger is not None:
             result.mlflow_run_id = run.logger.run_id
-            run.logger.close(status)
+            try:
+                if result.history:  # also the steps of a run that failed part-way
+                    run.logger.log_plots(result.history)
+            finally:
+                run.logger.close(status)
     run.progress.summary(summary_rows(result, cfg))
     return result
 
