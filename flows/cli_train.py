@@ -29,6 +29,8 @@ def quiet_prefect(verbose: bool) -> Iterator[None]:
     loggers' levels are restored afterwards ("prefect" stays quiet, since the temporary server's
     "Stopping …" line comes at interpreter exit, after the run dir)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network calls
+    # Prefect waits 20 s for its temporary server; its first start on a busy machine takes longer
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     saved = {name: logging.getLogger(name).level for name in QUIET_LOGGERS if name != "prefect"}
     if not verbose:
         for name, level in QUIET_LOGGERS.items():

@@ -1,0 +1,260 @@
+"""Resume after a real ``kill -9`` (issue 7, test 5): same weights and metrics as no interruption.
+
+Three ``ppoflow train`` processes on the tiny model and the demo task (4 prompts × n 2, 8
+response tokens), 4 steps, a checkpoint every 2 steps, final validation at step 4:
+
+- uninterrupted: steps 1–4 in one process;
+- killed: a fresh run, SIGKILLed (the whole process group: the CLI, Prefect's temporary server,
+  any worker) as soon as ``latest_checkpointed_iteration.txt`` says 2, i.e. somewhere in steps
+  3–4, before the step-4 checkpoint;
+- resumed: ``trainer.resume_mode=auto`` on the killed run's checkpoint folder runs steps 3–4.
+
+The resumed run must end with the uninterrupted run's actor weights (bit for bit) and log the same
+metrics for steps 3 and 4 (timings excepted). Each process has its own Prefect home (its
+temporary server's database), MLflow SQLite file, run directory and working directory, all under
+``tmp_path``; no process of any of the three groups may be left running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from dataproto.artifact import load_artifact
+from flows.run_store import RunStore
+from stages.data import make_demo_data, make_tiny_model
+from stages.engines.checkpoint import checkpoint_dir, read_latest_step
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 4
+SAVE_FREQ = 2  # checkpoints after steps 2 and 4: the kill lands in the two steps between
+KILLED_AFTER = 2
+RUN_TIMEOUT_S = 900  # a run is ~30 s of start-up and a few seconds of steps on a quiet machine
+POLL_S = 0.05
+#: metrics that measure wall time, so differ between any two runs
+TIME_DEPENDENT = (
+    "timing_s/",
+    "timing_per_token_ms/",
+    "perf/throughput",
+    "perf/time_per_step",
+    "reward/time_s",
+)
+
+
+@pytest.fixture(scope="module")
+def demo_inputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("demo")
+    make_demo_data(root / "data", n_train=32, n_val=8)
+    make_tiny_model(root / "model")
+    return root
+
+
+# --- processes -----------------------------------------------------------------------------------
+
+
+def train_command(demo: Path, home: Path, checkpoints: Path, *extra: str) -> list[str]:
+    """``ppoflow train`` of the tiny config: run directory under ``home/runs``, MLflow in
+    ``home/mlflow.db`` (:func:`child_env`), checkpoints in ``checkpoints``."""
+    return [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "train",
+        str(REPO / "configs" / "demo-cpu.yaml"),
+        f"data.train_files=[{demo}/data/train.parquet]",
+        f"data.val_files=[{demo}/data/val.parquet]",
+        f"actor_rollout_ref.model.path={demo}/model",
+        "data.train_batch_size=4",
+        "data.max_response_length=8",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "reward.num_workers=1",
+        f"trainer.total_training_steps={STEPS}",
+        f"trainer.test_freq={STEPS}",
+        f"trainer.save_freq={SAVE_FREQ}",
+        "trainer.val_before_train=false",
+        f"trainer.default_local_dir={checkpoints}",
+        f"ppoflow.artifact_dir={home}/runs",
+        *extra,
+    ]
+
+
+def child_env(home: Path) -> dict[str, str]:
+    """The test session's hermetic environment (tests/conftest.py), with this process's own
+    Prefect home and MLflow store, one CPU thread and no network."""
+    return {
+        **os.environ,
+        "PREFECT_HOME": str(home / "prefect-home"),
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(home / "prefect-results"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # the temporary server's first start creates its database: over the default 20 s on a
+        # busy 2-core machine
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlflow.db",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def live_members(pgid: int) -> list[int]:
+    """Pids of the processes of group ``pgid`` that are not zombies (read from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        state, _ppid, group = stat[stat.rindex(")") + 2 :].split()[:3]
+        if int(group) == pgid and state not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def wait_until_gone(pgid: int, timeout_s: float = 30.0) -> list[int]:
+    """Wait for group ``pgid`` to have no live process; the pids still live at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while (left := live_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    return left
+
+
+@contextmanager
+def process_group(command: list[str], home: Path) -> Iterator[subprocess.Popen]:
+    """Start ``command`` as the leader of a new process group (cwd ``home``, output in
+    ``home/output.log``); on the way out SIGKILL whatever of the group still runs."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / "output.log", "wb") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=home,
+            env=child_env(home),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield process
+    finally:
+        if live_members(process.pid):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        wait_until_gone(process.pid)
+
+
+def output_tail(home: Path, lines: int = 30) -> str:
+    return "\n".join((home / "output.log").read_text(errors="replace").splitlines()[-lines:])
+
+
+def train_to_end(command: list[str], home: Path) -> None:
+    """Run ``command`` to its end; it must exit 0 and leave no process behind."""
+    with process_group(command, home) as process:
+        try:
+            status = process.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"ppoflow train ran over {RUN_TIMEOUT_S} s:\n{output_tail(home)}")
+        assert status == 0, f"ppoflow train exited {status}:\n{output_tail(home)}"
+        assert wait_until_gone(process.pid) == [], "ppoflow train left processes running"
+
+
+def train_until_killed(command: list[str], home: Path, checkpoints: Path) -> None:
+    """Run ``command`` until the checkpoint of step KILLED_AFTER is complete (its tracker
+    written), then SIGKILL the whole process group."""
+    with process_group(command, home) as process:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while read_latest_step(checkpoints) != KILLED_AFTER:
+            if process.poll() is not None:
+                pytest.fail(
+                    f"ppoflow train exited ({process.returncode}) before it was killed; latest "
+                    f"checkpoint {read_latest_step(checkpoints)}:\n{output_tail(home)}"
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(f"no step-{KILLED_AFTER} checkpoint in {RUN_TIMEOUT_S} s")
+            time.sleep(POLL_S)
+        os.killpg(process.pid, signal.SIGKILL)
+        assert process.wait() == -signal.SIGKILL
+        assert wait_until_gone(process.pid) == [], "processes survived SIGKILL of their group"
+
+
+# --- what the runs left --------------------------------------------------------------------------
+
+
+def actor_weights(checkpoints: Path, step: int) -> dict[str, torch.Tensor]:
+    """The actor's parameters in the DeepSpeed checkpoint of ``step`` (ZeRO 0, one rank)."""
+    states = checkpoint_dir(checkpoints, step, "actor") / "state" / "mp_rank_00_model_states.pt"
+    return torch.load(states, map_location="cpu", weights_only=False)["module"]
+
+
+def logged_metrics(home: Path) -> dict[int, dict[str, float]]:
+    """step → {metric: value} of the one MLflow run in ``home/mlflow.db``, timings left out."""
+    client = MlflowClient(tracking_uri=f"sqlite:///{home}/mlflow.db")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    (run,) = client.search_runs(experiments)
+    assert run.info.status == "FINISHED"
+    by_step: dict[int, dict[str, float]] = {}
+    for name in run.data.metrics:
+        if name.startswith(TIME_DEPENDENT):
+            continue
+        for point in client.get_metric_history(run.info.run_id, name):
+            by_step.setdefault(point.step, {})[name] = point.value
+    return by_step
+
+
+def run_dir(home: Path) -> RunStore:
+    (root,) = (home / "runs").iterdir()
+    return RunStore(root)
+
+
+# --- the test ------------------------------------------------------------------------------------
+
+
+def test_killed_and_resumed_run_ends_like_an_uninterrupted_one(demo_inputs, tmp_path):
+    whole, killed, resumed = tmp_path / "whole", tmp_path / "killed", tmp_path / "resumed"
+    train_to_end(train_command(demo_inputs, whole, whole / "checkpoints"), whole)
+
+    checkpoints = killed / "checkpoints"
+    train_until_killed(train_command(demo_inputs, killed, checkpoints), killed, checkpoints)
+    assert read_latest_step(checkpoints) == KILLED_AFTER, "the kill came after the next checkpoint"
+    assert not checkpoint_dir(checkpoints, STEPS, "actor").exists()
+
+    resume = train_command(demo_inputs, resumed, checkpoints, "trainer.resume_mode=auto")
+    train_to_end(resume, resumed)
+
+    expected = actor_weights(whole / "checkpoints", STEPS)
+    got = actor_weights(checkpoints, STEPS)
+    assert expected.keys() == got.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+    before = actor_weights(whole / "checkpoints", KILLED_AFTER)
+    assert any(not torch.equal(before[name], expected[name]) for name in expected), (
+        "steps 3–4 did not change the weights, so equal weights would prove nothing"
+    )
+
+    want, have = logged_metrics(whole), logged_metrics(resumed)
+    assert sorted(have) == list(range(KILLED_AFTER + 1, STEPS + 1))
+    for step in have:
+        assert have[step].keys() == want[step].keys(), step
+        for name, value in want[step].items():
+            assert have[step][name] == pytest.approx(value, rel=1e-6, abs=1e-7), (step, name)
+    assert any(name.startswith("val-core/") for name in have[STEPS])
+
+    for step in range(KILLED_AFTER + 1, STEPS + 1):
+        responses = [
+            load_artifact(store.artifact_path(step, "rollout")).batch["responses"]
+            for store in (run_dir(whole), run_dir(resumed))
+        ]
+        assert torch.equal(*responses), step
