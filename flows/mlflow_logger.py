@@ -12,6 +12,8 @@
   ``step=global_step``. Names are sanitized one-to-one (stages/metrics/naming.py); the mapping
   sanitized → original is the artifact ``metric_names.json`` and each metric's description
   (stages/metrics/catalog.py) is ``metric_descriptions.json``, rewritten when new names appear.
+* Plots: :meth:`MLflowLogger.log_plots` renders the end-of-run reward / response length / KL
+  plots (flows/plots.py) and logs them as ``plots/<name>.png``.
 * Outages: every call goes through a queue. When the server cannot be reached (connection
   refused, timeout, 5xx, a locked SQLite file) the entry stays queued, one warning is logged for
   the outage, and the queue is retried at the next call once ``retry_interval_s`` has passed
@@ -32,6 +34,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -47,6 +50,7 @@ from mlflow.utils.validation import (
 )
 
 from flows.cache_keys import jsonable
+from flows.plots import PlotReport, write_run_plots
 from stages.metrics.catalog import describe_metric
 from stages.metrics.naming import sanitize_metric_name
 
@@ -56,6 +60,7 @@ NAMES_ARTIFACT = "metric_names.json"
 DESCRIPTIONS_ARTIFACT = "metric_descriptions.json"
 CONFIG_ARTIFACT = "config.json"
 PENDING_FILE = "mlflow_pending.jsonl"
+PLOTS_ARTIFACT_DIR = "plots"
 TRANSIENT_ERROR_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"}
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 
@@ -211,6 +216,29 @@ class MLflowLogger:
         )
         self._drain()
 
+    def log_plots(self, history: list[Mapping[str, float]]) -> PlotReport:
+        """Render the run's plots from its metric history and log each as ``plots/<file>``.
+
+        ``history`` is one metrics dict per step with ``training/global_step``
+        (flows/plots.py). The PNG bytes, not the temporary files, are queued, so plots made
+        during an outage are still sent when the store returns. Returns the plots report
+        (written and skipped with the reason; each skip is also logged at INFO).
+        """
+        with tempfile.TemporaryDirectory(prefix="ppoflow-plots-") as tmp:
+            report = write_run_plots(history, tmp)
+            for name, path in report.written.items():
+                data = path.read_bytes()
+                self._queue.append(
+                    (
+                        "call",
+                        lambda rid, n=name, d=data: self._upload(rid, n, d, PLOTS_ARTIFACT_DIR),
+                    )
+                )
+        for name, reason in report.skipped.items():
+            log.info("MLflow: plot %s not made: %s", name, reason)
+        self._drain()
+        return report
+
     def flush(self) -> bool:
         """Try to send everything queued now; True when nothing is left."""
         self._drain(force=True)
@@ -309,6 +337,13 @@ class MLflowLogger:
         if self._in_outage:
             log.info("MLflow at %s is reachable again; buffered data sent", self.tracking_uri)
         self._in_outage = False
+
+    def _upload(self, run_id: str, file_name: str, data: bytes, artifact_path: str) -> None:
+        """Log ``data`` as the artifact ``<artifact_path>/<file_name>`` (via a temporary file)."""
+        with tempfile.TemporaryDirectory(prefix="ppoflow-artifact-") as tmp:
+            path = Path(tmp) / file_name
+            path.write_bytes(data)
+            self._client.log_artifact(run_id, str(path), artifact_path)
 
     def _log_names(self, run_id: str) -> None:
         descriptions = {name: _describe(name) for name in self._names.values()}

@@ -1,4 +1,16 @@
-"""The console side of a training run: one compact line per step, a summary at the end (rich)."""
+"""The console side of a training run: a progress bar or one line per step, a summary at the end.
+
+On a terminal (``console.is_terminal``) the steps drive a rich progress bar:
+``train ━━━━━╸━━━ 3/10 │ score 0.412 │ kl 0.0012 │ 1.4 s/step │ eta 0:10 │ 0:07``; validation
+lines print above it. Anywhere else (a log file, CI, ``| tee``) each step prints one line,
+``step 3/10 │ score 0.412 │ kl 0.0012 │ 1.4 s │ eta 0:10``, so logs stay readable.
+
+The KL shown is the first of :data:`KL_KEYS` that the step logged (none: no KL column). ETA =
+remaining steps × the mean ``timing_s/step`` so far. The bar starts at the first
+:meth:`Progress.validation` or :meth:`Progress.step` call and stops at :meth:`Progress.close`,
+which :meth:`Progress.summary` calls; a run that fails must call ``close`` itself (it is
+idempotent).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +18,7 @@ import math
 import time
 from typing import Any
 
+from rich import progress as rich_progress
 from rich.console import Console
 from rich.table import Table
 
@@ -18,25 +31,57 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
 
 
 def _clock(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "-"
     minutes, secs = divmod(round(seconds), 60)
     return f"{minutes}:{secs:02d}"
 
 
-class Progress:
-    """Prints ``step k/N │ score │ kl │ step time │ eta`` lines and the end-of-run summary."""
+def _bar(console: Console) -> rich_progress.Progress:
+    column = rich_progress.TextColumn
+    return rich_progress.Progress(
+        column("[bold]train"),
+        rich_progress.BarColumn(),
+        rich_progress.MofNCompleteColumn(),
+        column("│ score {task.fields[score]}{task.fields[kl]}"),
+        column("│ {task.fields[step_time]} s/step │ eta {task.fields[eta]} │"),
+        rich_progress.TimeElapsedColumn(),
+        console=console,
+        refresh_per_second=2,
+    )
 
-    def __init__(self, total_steps: int, enabled: bool = True) -> None:
-        self.console = Console(highlight=False, soft_wrap=True)
+
+class Progress:
+    """Step progress of a training run (module docstring) and the end-of-run summary table.
+
+    Args:
+        total_steps: the step count N of ``k/N`` and the ETA.
+        enabled: False prints nothing (``console`` not in ``trainer.logger``).
+        console: where to print (default: a new rich Console on stdout); the bar is used when
+            ``console.is_terminal``.
+    """
+
+    def __init__(self, total_steps: int, enabled: bool = True, console: Console | None = None):
+        self.console = console or Console(highlight=False, soft_wrap=True)
         self.total = total_steps
         self.enabled = enabled
         self.start = time.perf_counter()
         self.step_times: list[float] = []
+        self._bar: rich_progress.Progress | None = None
+        self._task: rich_progress.TaskID | None = None
+
+    @property
+    def uses_bar(self) -> bool:
+        """Whether steps drive a live bar (enabled, on a terminal) instead of printing lines."""
+        return self.enabled and self.console.is_terminal
 
     def validation(self, step: int, score: float, metrics: dict[str, float]) -> None:
-        if self.enabled:
-            core = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
-            shown = " ".join(f"{k.removeprefix('val-core/')}={_fmt(v)}" for k, v in core.items())
-            self.console.print(f"[bold]validation[/] @ step {step}: score {_fmt(score)} {shown}")
+        if not self.enabled:
+            return
+        self._start_bar(completed=step)
+        core = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
+        shown = " ".join(f"{k.removeprefix('val-core/')}={_fmt(v)}" for k, v in core.items())
+        self.console.print(f"[bold]validation[/] @ step {step}: score {_fmt(score)} {shown}")
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
         seconds = metrics.get("timing_s/step", float("nan"))
@@ -44,14 +89,36 @@ class Progress:
         if not self.enabled:
             return
         kl = next((metrics[k] for k in KL_KEYS if k in metrics), None)
-        eta = (self.total - step) * (sum(self.step_times) / len(self.step_times))
-        kl_part = f" │ kl {_fmt(kl, '.4f')}" if kl is not None else ""
+        fields = {
+            "score": _fmt(metrics.get(SCORE)),
+            "kl": "" if kl is None else f" │ kl {_fmt(kl, '.4f')}",
+            "step_time": _fmt(seconds, ".1f"),
+            "eta": _clock(self.eta_seconds(step)),
+        }
+        if self.uses_bar:
+            self._start_bar(completed=step - 1)
+            self._bar.update(self._task, completed=step, **fields)
+            return
         self.console.print(
-            f"step {step}/{self.total} │ score {_fmt(metrics.get(SCORE))}{kl_part} │ "
-            f"{_fmt(seconds, '.1f')} s │ eta {_clock(eta)}"
+            f"step {step}/{self.total} │ score {fields['score']}{fields['kl']} │ "
+            f"{fields['step_time']} s │ eta {fields['eta']}"
         )
 
+    def eta_seconds(self, step: int) -> float:
+        """(total − step) × the mean step time so far (NaN until a step time is known)."""
+        known = [t for t in self.step_times if math.isfinite(t)]
+        mean = sum(known) / len(known) if known else float("nan")
+        return (self.total - step) * mean if step < self.total else 0.0
+
+    def close(self) -> None:
+        """Stop the bar (leaving its last state on screen); a no-op without one."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
     def summary(self, rows: dict[str, Any]) -> None:
+        """Close the bar and print the summary table (wall time first, then ``rows``)."""
+        self.close()
         if not self.enabled:
             return
         table = Table(title="ppoflow train", show_header=False)
@@ -59,3 +126,11 @@ class Progress:
         for name, value in rows.items():
             table.add_row(name, value if isinstance(value, str) else _fmt(value))
         self.console.print(table)
+
+    def _start_bar(self, completed: int) -> None:
+        if self._bar is not None or not self.uses_bar:
+            return
+        self._bar = _bar(self.console)
+        fields = {"score": "-", "kl": "", "step_time": "-", "eta": "-"}
+        self._task = self._bar.add_task("train", total=self.total, completed=completed, **fields)
+        self._bar.start()

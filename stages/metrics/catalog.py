@@ -4,7 +4,8 @@ One :class:`MetricDoc` per metric or metric family, in a :class:`Registry` keyed
 pattern. ``{placeholder}`` parts of a pattern match the regex in :data:`PLACEHOLDERS`, so
 ``timing_s/{stage}`` covers ``timing_s/gen`` and ``timing_s/agent_loop/generate_sequences``.
 :func:`describe_metric` looks a concrete name up (sanitized MLflow names work too) and
-:func:`markdown_table` renders the catalog for ``docs/metrics.md``.
+:func:`markdown_table` renders the catalog for ``docs/metrics.md``. :func:`step_metric_names`
+lists the names a PPO step logs every step for a given config (:data:`STEP_METRICS`).
 """
 
 from __future__ import annotations
@@ -343,6 +344,115 @@ _ENTRIES = [
 for _pattern, _what, _denominator, _source in _ENTRIES:
     METRICS.add(_pattern, MetricDoc(_pattern, _what, _denominator, _source))
 _COMPILED = [(METRICS.get(pattern), METRICS.get(pattern).regex()) for pattern, *_ in _ENTRIES]
+
+#: The catalog names a PPO training step logs at every step, by the condition under which it logs
+#: them (:func:`step_metric_names`). Patterns expand over their placeholders' words.
+STEP_METRICS = {
+    "always": (
+        *(f"critic/{name}/{{stat}}" for name in ("score", "rewards", "advantages", "returns")),
+        "response_length/{length_stat}",
+        "response_length_non_aborted/{length_stat}",
+        "response/aborted_ratio",
+        "prompt_length/{length_stat}",
+        *(f"timing_s/{timer}" for timer in ("gen", "reward", "old_log_prob", "adv", "step")),
+        "timing_per_token_ms/gen",
+        "timing_per_token_ms/adv",
+        "perf/total_num_tokens",
+        "perf/time_per_step",
+        "perf/throughput",
+        "actor/entropy",
+        "reward/error_count",
+        "reward/timeout_count",
+        "reward/invalid_count",
+        "training/global_step",
+        "training/epoch",
+    ),
+    "actor_update": (
+        "timing_s/update_actor",
+        "timing_per_token_ms/update_actor",
+        *(f"actor/{name}" for name in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")),
+        "actor/grad_norm",
+        "actor/lr",
+    ),
+    "balance": ("timing_s/balance", "global_seqlen/{seqlen_stat}"),
+    "critic": (
+        "critic/values/{stat}",
+        "critic/vf_explained_var",
+        *(f"timing_s/{timer}" for timer in ("values", "update_critic")),
+        *(f"timing_per_token_ms/{timer}" for timer in ("values", "update_critic")),
+        *(f"critic/{name}" for name in ("vf_loss", "vf_clipfrac", "vpred_mean", "grad_norm", "lr")),
+    ),
+    "reference": ("timing_s/ref", "timing_per_token_ms/ref"),
+    "kl_in_reward": ("actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"),
+    "kl_loss": ("actor/kl_loss", "actor/kl_coef"),
+}
+_WORD_LIST = re.compile(r"[A-Za-z0-9_]+(?:\|[A-Za-z0-9_]+)*")
+
+
+def expand_pattern(pattern: str) -> list[str]:
+    """Every concrete name of ``pattern``; its placeholders must be word lists (``{stat}``).
+
+    Example:
+        >>> expand_pattern("critic/score/{stat}")
+        ['critic/score/mean', 'critic/score/max', 'critic/score/min']
+        >>> expand_pattern("timing_s/{stage}")
+        Traceback (most recent call last):
+        ...
+        ValueError: pattern 'timing_s/{stage}': placeholder {stage} matches '.+', not a list of words; name the values instead
+    """
+    names = [""]
+    last = 0
+    for match in _PLACEHOLDER.finditer(pattern):
+        choices = PLACEHOLDERS[match[1]]
+        if not _WORD_LIST.fullmatch(choices):
+            raise ValueError(
+                f"pattern {pattern!r}: placeholder {{{match[1]}}} matches {choices!r}, not a list "
+                "of words; name the values instead"
+            )
+        prefix = pattern[last : match.start()]
+        names = [name + prefix + word for name in names for word in choices.split("|")]
+        last = match.end()
+    return [name + pattern[last:] for name in names]
+
+
+def step_metric_names(
+    *,
+    use_critic: bool,
+    use_reference_policy: bool,
+    balance_batch: bool,
+    use_kl_in_reward: bool,
+    use_kl_loss: bool,
+    updates_actor: bool = True,
+) -> list[str]:
+    """The names a PPO step with these settings logs every step (:data:`STEP_METRICS`).
+
+    The flags are the config's (``cfg.derived.use_critic``, ``cfg.derived.use_reference_policy``,
+    ``trainer.balance_batch``, ``algorithm.use_kl_in_reward``, ``actor.use_kl_loss``);
+    ``updates_actor`` is False for the steps before ``trainer.critic_warmup``. Multi-turn and
+    tool-call statistics, validation and MFU metrics are not every-step metrics and are not listed.
+
+    Example:
+        >>> names = step_metric_names(use_critic=False, use_reference_policy=False,
+        ...     balance_batch=True, use_kl_in_reward=False, use_kl_loss=False)
+        >>> "actor/ppo_kl" in names, "critic/vf_loss" in names, "global_seqlen/balanced_max" in names
+        (True, False, True)
+    """
+    conditions = {
+        "always": True,
+        "actor_update": updates_actor,
+        "balance": balance_batch,
+        "critic": use_critic,
+        "reference": use_reference_policy,
+        "kl_in_reward": use_kl_in_reward,
+        "kl_loss": use_kl_loss and updates_actor,
+    }
+    return [
+        name
+        for condition, patterns in STEP_METRICS.items()
+        if conditions[condition]
+        for pattern in patterns
+        for name in expand_pattern(pattern)
+    ]
 
 
 def find_metric_doc(name: str) -> MetricDoc | None:

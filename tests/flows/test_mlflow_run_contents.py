@@ -1,0 +1,137 @@
+"""Issue 7, test 7: the MLflow run of a training holds the metric registry's every-step metrics
+(at step = global_step), the flattened config as params, and its artifacts (resolved config,
+metric-name mapping and descriptions, validation generations, the end-of-run PNG plots).
+
+One 2-step GRPO run on the tiny model and the demo task (4 prompts × n 2, 8 response tokens,
+validation before training and at step 2, 3 sample generations logged), read back with
+MlflowClient.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import mlflow.artifacts
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.mlflow_logger import flatten_config, truncate_param
+from flows.train import resolve_config, train
+from stages.data import make_demo_data, make_tiny_model
+from stages.metrics.catalog import describe_metric, find_metric_doc, step_metric_names
+from stages.metrics.naming import restore_metric_name, sanitize_metric_name
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "configs" / "demo-cpu.yaml"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FLAGS = ("use_critic", "use_reference_policy", "balance_batch", "use_kl_in_reward", "use_kl_loss")
+
+
+def small_run(root: Path) -> list[str]:
+    """Overrides: the tiny model and demo data under ``root``, 2 steps, validation at step 2."""
+    make_demo_data(root / "data", n_train=16, n_val=4)
+    make_tiny_model(root / "model")
+    return [
+        f"data.train_files=[{root}/data/train.parquet]",
+        f"data.val_files=[{root}/data/val.parquet]",
+        f"actor_rollout_ref.model.path={root}/model",
+        "data.train_batch_size=4",
+        "data.max_response_length=8",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=2",
+        "trainer.save_freq=0",
+        "trainer.val_before_train=true",
+        "trainer.log_val_generations=3",
+        f"trainer.default_local_dir={root}/checkpoints",
+        f"ppoflow.mlflow_tracking_uri=sqlite:///{root}/mlflow.db",
+        "reward.num_workers=1",
+    ]
+
+
+def same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("flags", list(itertools.product([False, True], repeat=len(FLAGS))))
+def test_every_step_metric_the_registry_lists_is_described(flags):
+    names = step_metric_names(**dict(zip(FLAGS, flags)))
+    assert len(names) == len(set(names))
+    assert [name for name in names if find_metric_doc(name) is None] == []
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
+def test_mlflow_run_holds_registry_metrics_params_and_artifacts(tmp_path):
+    overrides = small_run(tmp_path)
+    cfg = resolve_config(CONFIG, overrides)
+    result = train(CONFIG, overrides, str(tmp_path / "run"))
+    assert len(result.history) == 2
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.get_run(result.mlflow_run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == cfg.trainer.experiment_name
+    assert client.get_experiment(run.info.experiment_id).name == cfg.trainer.project_name
+
+    # metrics: every name the registry expects of this config, at step = global_step, as computed
+    expected = step_metric_names(
+        use_critic=cfg.derived.use_critic,
+        use_reference_policy=cfg.derived.use_reference_policy,
+        balance_batch=cfg.trainer.balance_batch,
+        use_kl_in_reward=cfg.algorithm.use_kl_in_reward,
+        use_kl_loss=cfg.actor_rollout_ref.actor.use_kl_loss,
+    )
+    assert "actor/ppo_kl" in expected and "critic/vf_loss" not in expected
+    for name in expected:
+        logged = client.get_metric_history(run.info.run_id, sanitize_metric_name(name))
+        assert [m.step for m in logged] == [1, 2], name
+        for metric, row in zip(logged, result.history):
+            assert same(metric.value, row[name]), (name, metric.value, row[name])
+    steps = client.get_metric_history(run.info.run_id, "training/global_step")
+    assert [(m.step, m.value) for m in steps] == [(1, 1.0), (2, 2.0)]
+    val_core = [name for name in result.history[1] if name.startswith("val-core/")]
+    assert val_core, "no val-core metric at step 2"
+    for name in val_core:  # validation before training (step 0) and at the last step
+        logged = client.get_metric_history(run.info.run_id, sanitize_metric_name(name))
+        assert [m.step for m in logged] == [0, 2], name
+    absent = {"critic/vf_loss", "critic/values/mean", "timing_s/ref", "actor/reward_kl_penalty"}
+    assert absent.isdisjoint(restore_metric_name(name) for name in run.data.metrics)
+
+    # params: the resolved config flattened
+    params = run.data.params
+    flat = flatten_config(cfg)
+    assert set(params) == set(flat)
+    assert all(params[key] == truncate_param(value) for key, value in flat.items())
+    assert params["algorithm.adv_estimator"] == "grpo"
+    assert params["actor_rollout_ref.rollout.n"] == "2"
+
+    # artifacts
+    def load(name: str):
+        return mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/{name}")
+
+    top = {item.path for item in client.list_artifacts(run.info.run_id)}
+    assert {"config.json", "metric_names.json", "metric_descriptions.json"} <= top
+    assert {"val_generations", "plots"} <= top
+    assert load("config.json")["algorithm"]["adv_estimator"] == "grpo"
+    names = load("metric_names.json")
+    assert set(names) == set(run.data.metrics)
+    assert all(sanitize_metric_name(original) == safe for safe, original in names.items())
+    descriptions = load("metric_descriptions.json")
+    assert all(descriptions[name] == describe_metric(name) for name in expected)
+    generations = {item.path for item in client.list_artifacts(run.info.run_id, "val_generations")}
+    assert generations == {"val_generations/step_0.json", "val_generations/step_2.json"}
+    table = load("val_generations/step_2.json")
+    assert len(table) == 3 and all(row["step"] == 2 for row in table)
+    plots = {item.path for item in client.list_artifacts(run.info.run_id, "plots")}
+    assert plots == {"plots/reward.png", "plots/response_length.png", "plots/kl.png"}
+    for plot in sorted(plots):
+        local = mlflow.artifacts.download_artifacts(
+            run_id=run.info.run_id,
+            artifact_path=plot,
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+            dst_path=str(tmp_path / "downloaded"),
+        )
+        assert Path(local).read_bytes().startswith(PNG_SIGNATURE), plot
