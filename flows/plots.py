@@ -138,10 +138,8 @@ def write_run_plots(
         series = {name: metric_series(history, name) for name in names}
         series = {name: (steps, values) for name, (steps, values) in series.items() if steps}
         if not series:
-            found = f"only as NaN ({', '.join(names)})" if names else "never"
-            report.skipped[spec.file] = (
-                f"no data: {spec.wanted} was logged {found} in {len(history)} steps"
-            )
+            found = f"was logged only as NaN ({', '.join(names)})" if names else "was never logged"
+            report.skipped[spec.file] = f"no data: {spec.wanted} {found} in {len(history)} steps"
             continue
         _render(spec, series, out / spec.file)
         report.written[spec.file] = out / spec.file

@@ -78,6 +78,9 @@ class TrainResult:
     val_before: float | None = None
     val_after: float | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+    #: ``training/global_step`` and the validation metrics before the first step (the plots'
+    #: step-0 point); only ``training/global_step`` without val_before_train
+    before_training: dict[str, float] = field(default_factory=dict)
 
 
 # --- set-up ------------------------------------------------------------------------------------
@@ -297,12 +300,15 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
     cfg = resolve_config(config, overrides)
     run = open_run(cfg, run_dir)
     result = TrainResult(run.store.root, None, run.total_steps)
+    result.before_training = {"training/global_step": float(run.start_step - 1)}
     status = "FAILED"
     try:
         result.mlflow_run_id = run.logger.run_id if run.logger else None
         if cfg.trainer.val_before_train:
             result.val_before, val_metrics = run_validation(run, run.start_step - 1)
             run.log(val_metrics, run.start_step - 1)
+            result.before_training = {"training/global_step": float(run.start_step - 1)}
+            result.before_training.update(val_metrics)
         last = run.start_step - 1 if cfg.trainer.val_only else run.total_steps
         for step in range(run.start_step, last + 1):
             metrics, records = train_step(run, step)
@@ -325,7 +331,7 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
             result.mlflow_run_id = run.logger.run_id
             try:
                 if result.history:  # also the steps of a run that failed part-way
-                    run.logger.log_plots(result.history)
+                    run.logger.log_plots([result.before_training, *result.history])
             finally:
                 run.logger.close(status)
     run.progress.summary(summary_rows(result, cfg))

@@ -340,6 +340,49 @@ _ENTRIES = [
         "all validation samples",
         "split_val_core_aux",
     ),
+    # --- the reward stage ---
+    (
+        "reward/score_mean",
+        "Mean sequence score the reward stage computed this step (reward loop plus reward model, before it is placed at the last response token).",
+        "rows with a non-empty response; NaN if there are none",
+        "reward stage",
+    ),
+    (
+        "reward/aborted_count",
+        "Rows with an empty response, which get no score written (a count, not a mean).",
+        "none (a count of rows)",
+        "reward stage",
+    ),
+    (
+        "reward/time_s",
+        "Wall time of scoring the step's batch (reward model and scorer pool), in seconds.",
+        "none (one value per step)",
+        "reward stage",
+    ),
+    (
+        "reward/skipped",
+        "1 when the batch already carried rm_scores (e.g. streamed by the rollout) and the stage scored nothing.",
+        "none (a flag)",
+        "reward stage",
+    ),
+    (
+        "reward_model/score_mean",
+        "Mean reward-model score (the value head at the last valid token) of the scored rows.",
+        "real (non-padding) rows scored by the reward model",
+        "reward model",
+    ),
+    (
+        "reward_model/num_rows",
+        "Rows the reward model scored this step.",
+        "none (a count of rows)",
+        "reward model",
+    ),
+    (
+        "reward_model/num_pad_rows",
+        "Padding rows added so the batch divides over the reward model's ranks (excluded from every score).",
+        "none (a count of rows)",
+        "reward model",
+    ),
 ]
 for _pattern, _what, _denominator, _source in _ENTRIES:
     METRICS.add(_pattern, MetricDoc(_pattern, _what, _denominator, _source))
