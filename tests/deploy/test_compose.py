@@ -20,7 +20,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
-SERVICES = {"postgres", "prefect-server", "mlflow", "prefect-worker", "prefect-worker-gpu"}
+SERVICES = {
+    "postgres",
+    "prefect-server",
+    "mlflow",
+    "prefect-worker",
+    "prefect-worker-gpu",
+    "deploy",
+}
+# one-off services (`docker compose run --rm deploy`): no health check
+ONE_OFF = {"deploy"}
 WORKERS = ("prefect-worker", "prefect-worker-gpu")
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY")
 VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?[-?+])?")
@@ -130,13 +139,14 @@ def test_secrets_come_only_from_the_env_file(compose_raw):
 def test_services_and_the_gpu_profile(compose):
     services = compose["services"]
     assert set(services) == SERVICES
-    assert [n for n, s in services.items() if s.get("profiles")] == ["prefect-worker-gpu"]
+    profiled = {n: s["profiles"] for n, s in services.items() if s.get("profiles")}
+    assert profiled == {"prefect-worker-gpu": ["gpu"], "deploy": ["deploy"]}
     gpu = services["prefect-worker-gpu"]
     assert gpu["profiles"] == ["gpu"]
     (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
     assert gpu["build"]["dockerfile"] == "docker/Dockerfile.cuda"
-    for name in ("prefect-server", "mlflow", "prefect-worker"):
+    for name in ("prefect-server", "mlflow", "prefect-worker", "deploy"):
         assert services[name]["build"]["dockerfile"] == "docker/Dockerfile"
 
 
@@ -166,7 +176,8 @@ def test_published_port_and_bind_address_are_configurable(compose_raw, tree_inte
 def test_services_start_in_dependency_order_once_healthy(compose):
     services = compose["services"]
     for name, spec in services.items():
-        assert spec["healthcheck"]["test"], f"{name} has no health check"
+        if name not in ONE_OFF:
+            assert spec["healthcheck"]["test"], f"{name} has no health check"
         for dependency, condition in (spec.get("depends_on") or {}).items():
             assert dependency in services and dependency != name
             assert condition == {"condition": "service_healthy"}, (name, dependency)
@@ -179,7 +190,8 @@ def test_services_start_in_dependency_order_once_healthy(compose):
         )
         assert ready, f"dependency cycle among {sorted(set(services) - set(order))}"
         order += ready
-    assert order[0] == "postgres" and set(order[-2:]) == set(WORKERS)
+    long_running = [n for n in order if n not in ONE_OFF]
+    assert long_running[0] == "postgres" and set(long_running[-2:]) == set(WORKERS)
     for worker in WORKERS:
         assert set(services[worker]["depends_on"]) == {"prefect-server", "mlflow"}
 
