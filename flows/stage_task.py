@@ -170,7 +170,7 @@ def _task_body(
 
 
 @functools.lru_cache(maxsize=256)
-def _make_task(name: str, cache_dir: str, retries: int) -> Task:
+def _make_task(name: str, cache_dir: str, retries: int, refresh: bool) -> Task:
     return task(
         _task_body,
         name=name,
@@ -179,21 +179,26 @@ def _make_task(name: str, cache_dir: str, retries: int) -> Task:
         persist_result=True,
         result_storage=Path(cache_dir),
         retries=retries,
+        refresh_cache=True if refresh else None,
     )
 
 
-def stage_task(stage: Stage, cache_dir: str | Path, retries: int = 0) -> Task:
+def stage_task(
+    stage: Stage, cache_dir: str | Path, retries: int = 0, refresh: bool = False
+) -> Task:
     """The Prefect task of ``stage``: cached by the ``cache_key`` parameter, result an ArtifactRef.
 
     Cache records (pickled ArtifactRefs named by the key) live in ``cache_dir``. ``retries`` is
     for idempotent stages only: a weight-writing stage (an optimizer step) is never retried.
+    ``refresh``: compute even on a cache hit (and replace the record). Tasks are built once per
+    (stage, cache_dir, retries, refresh), not per call.
     """
     if retries and stage.writes_weights:
         raise ValueError(
             f"stage {stage.name!r} writes weights; retrying it could apply an update twice, so "
             f"retries must be 0 (got {retries})"
         )
-    return _make_task(stage.name, str(Path(cache_dir).absolute()), int(retries))
+    return _make_task(stage.name, str(Path(cache_dir).absolute()), int(retries), bool(refresh))
 
 
 # --- one stage in the step ---------------------------------------------------------------------
@@ -239,15 +244,12 @@ def _call(
     retries: int,
 ) -> tuple[ArtifactRef, tuple[DataProto, dict[str, float]] | None]:
     """(the ArtifactRef, the in-memory delta and metrics when the task body ran, else None)."""
-    prefect_task = stage_task(stage, cache_dir, retries)
-    if refresh:
-        prefect_task = prefect_task.with_options(refresh_cache=True)
+    prefect_task = stage_task(stage, cache_dir, retries, refresh)
     sink: dict[str, Any] = {}
-    state = prefect_task(
-        quote(stage), quote(inputs), quote(ctx), path, key, step, quote(sink), return_state=True
-    )
-    ref = state.result()  # re-raises the stage's exception when the task failed
-    if state.name == "Cached" or "delta" not in sink:
+    # raises the stage's exception when the task failed; the body fills ``sink`` only when it
+    # ran, so an empty sink is a cache hit
+    ref = prefect_task(quote(stage), quote(inputs), quote(ctx), path, key, step, quote(sink))
+    if "delta" not in sink:
         return ref, None
     return ref, (sink["delta"], sink["metrics"])
 
