@@ -18,8 +18,10 @@ Per step, both variants run inside one Prefect flow run, as ``ppoflow train`` ru
 * flow: what ``flows.train.train_step`` and its loop do: ``run_step.fn`` (each stage a cached
   Prefect task whose delta is saved as an artifact under a ``RunStore``, the step journal
   rewritten after each stage) with every stage refreshed (the cache off, so both variants do the
-  same model work), the weights lineage advanced, ``step_metrics``, ``MLflowLogger.log_metrics``
-  (SQLite in the run dir) and ``publish_step_report`` (a Prefect markdown artifact).
+  same model work), the weights lineage advanced, ``step_metrics``, and the step's publishing
+  (``MLflowLogger.log_metrics`` to SQLite in the run dir and ``publish_step_report``, a Prefect
+  markdown artifact) handed to the background thread of ``flows.publisher.Publisher`` as the
+  train loop does; only the wait for the previous step's publishing counts on the step.
 
 Like for like: each variant has its own model engines built from the same initial weights (the
 reward scorer pool is shared), gets the same step input and the same torch seed per round, so
@@ -34,7 +36,7 @@ The flow's extra time is split into parts, timed by wrapping the functions the f
 the step input's artifact, the stage artifacts (``save_artifact``: write + sha256), the cache
 keys, the input selection, the journal writes, the rest of each Prefect task run (task-run
 bookkeeping, the cache record write, delta checks), the rest of the step flow (merges, reorder,
-fingerprints), MLflow and the step report. Prefect's temporary server starts on the first flow
+fingerprints), and the wait for the previous step's publishing. Prefect's temporary server starts on the first flow
 call as in a normal run (``PREFECT_HOME`` in a temp dir); its one-off start-up is printed apart.
 """
 
@@ -84,6 +86,7 @@ from flows.cli_train import QUIET_LOGGERS
 from flows.dag import batch_keys, plan_step
 from flows.engines import WeightsLineage, build_engines, build_role, close_engines, roles_for
 from flows.mlflow_logger import MLflowLogger
+from flows.publisher import Publisher
 from flows.run_store import RunStore
 from flows.stage_task import timer_name
 from flows.step_flow import StepFlow, StepResult, run_step
@@ -117,7 +120,7 @@ SIZES: dict[str, list[str]] = {
 }
 
 # flow parts that are not inside a stage's run_stage call (step-level bookkeeping)
-STEP_PARTS = ("save_input", "journal", "step flow rest", "step metrics", "mlflow", "step report")
+STEP_PARTS = ("save_input", "journal", "step flow rest", "step metrics", "publish wait")
 # parts inside run_stage besides the stage function
 STAGE_PARTS = (
     "artifact save",
@@ -223,6 +226,7 @@ class Bench:
     timer: PartTimer
     store: RunStore
     logger: MLflowLogger
+    publisher: Publisher
     lineage: WeightsLineage
     kl_coef: float | None
     plain: Variant
@@ -283,6 +287,7 @@ def open_bench(cfg: PPORunConfig, root: Path) -> Bench:
         timer,
         store,
         logger,
+        Publisher(),
         WeightsLineage.from_config(cfg),
         kl_coef,
         plain,
@@ -300,6 +305,7 @@ def close_bench_engines(cfg: PPORunConfig, plain: dict[str, Any], flow: dict[str
 
 def close_bench(bench: Bench) -> None:
     close_bench_engines(bench.cfg, bench.plain.engines, bench.flow.engines)
+    bench.publisher.close()
     bench.logger.close("FINISHED")
 
 
@@ -340,6 +346,12 @@ def plain_step(bench: Bench, step_input: DataProto, step: int) -> dict[str, floa
     return dict(timer.parts)
 
 
+def publish(logger: MLflowLogger, step: int, records: list, metrics: dict[str, float]) -> None:
+    """What ``flows.train.publish_step`` does on the publishing thread."""
+    logger.log_metrics(metrics, step)
+    publish_step_report(step, records, metrics, logger.run_id)
+
+
 def flow_step(bench: Bench, step_input: DataProto, step: int) -> dict[str, float]:
     """What train_step and the train loop do per step; the parts' seconds."""
     timer, cfg = bench.timer, bench.cfg
@@ -357,10 +369,8 @@ def flow_step(bench: Bench, step_input: DataProto, step: int) -> dict[str, float
     bench.lineage.advance(bench.stages, result.records)
     with timer.measure("step metrics"):
         metrics = step_metrics(result, cfg, step, bench.loader.epoch)
-    with timer.measure("mlflow"):
-        bench.logger.log_metrics(metrics, step)
-    with timer.measure("step report"):
-        publish_step_report(step, result.records, metrics, bench.logger.run_id)
+    with timer.measure("publish wait"):  # the previous step's publishing, if still running
+        bench.publisher.submit(publish, bench.logger, step, result.records, metrics)
     parts = timer.parts
     ran = [record for record in result.records if record.timing_s is not None]
     for record in ran:

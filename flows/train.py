@@ -11,7 +11,9 @@
    flow's stages (``run_step.fn`` inside this flow run, so no per-step flow-run overhead), the
    step metrics (stage metrics, data, timing, throughput, ``training/*``) → MLflow, validation
    every ``test_freq`` steps and at the last step, a checkpoint every ``save_freq`` steps, a
-   markdown summary of the step as a Prefect artifact (``flows.step_report``);
+   markdown summary of the step as a Prefect artifact (``flows.step_report``); the MLflow
+   metrics and the report are sent on a background thread while the next step computes
+   (``flows.publisher``);
 5. a summary; the engines and the reward pool are closed in ``finally``.
 
 With ``trainer.resume_mode`` auto (a tracker in ``default_local_dir``) or resume_path, step 3
@@ -26,6 +28,7 @@ keys follow ``flows.engines.WeightsLineage``.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from collections.abc import Sequence
@@ -48,6 +51,7 @@ from flows.checkpoints import (
 from flows.engines import WeightsLineage, build_engines, close_engines
 from flows.mlflow_logger import MLflowLogger
 from flows.progress import SCORE, Progress
+from flows.publisher import Publisher
 from flows.run_store import RunStore, StageRecord
 from flows.step_flow import StepFlow, StepResult, run_step
 from flows.step_report import publish_step_report
@@ -273,6 +277,23 @@ def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:
     return result.mean_score, result.metrics
 
 
+def publish_step(
+    run: TrainRun, step: int, records: list[StageRecord], metrics: dict, mlflow_run_id: str | None
+) -> None:
+    """The step's metrics → MLflow, its markdown report → a Prefect artifact (on the
+    publishing thread, flows/publisher.py)."""
+    run.log(metrics, step)
+    publish_step_report(step, records, metrics, mlflow_run_id)
+
+
+def close_quietly(publisher: Publisher) -> None:
+    """Stop the publishing thread while a failure propagates, without masking it."""
+    try:
+        publisher.close()
+    except Exception as err:
+        logging.getLogger(__name__).warning("publishing the last step failed too: %s", err)
+
+
 def is_due(step: int, freq: int, last: int) -> bool:
     """verl's cadence: every ``freq`` steps (freq > 0) and at the last step."""
     return freq > 0 and (step % freq == 0 or step == last)
@@ -296,6 +317,7 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
     result = TrainResult(run.store.root, None, run.total_steps)
     result.before_training = {"training/global_step": float(run.start_step - 1)}
     status = "FAILED"
+    publisher = Publisher()
     try:
         result.mlflow_run_id = run.logger.run_id if run.logger else None
         if cfg.trainer.val_before_train:
@@ -307,19 +329,21 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
         for step in range(run.start_step, last + 1):
             metrics, records = train_step(run, step)
             if is_due(step, cfg.trainer.test_freq, run.total_steps):
+                publisher.wait()  # validation logs through the same MLflow logger
                 result.val_after, val_metrics = run_validation(run, step)
                 metrics.update(val_metrics)
             if is_due(step, cfg.trainer.save_freq, run.total_steps):
                 save_run_checkpoint(
                     cfg.trainer.default_local_dir, step, run.engines, run.run_state(), cfg.trainer
                 )
-            run.log(metrics, step)
-            publish_step_report(step, records, metrics, result.mlflow_run_id)
+            publisher.submit(publish_step, run, step, records, metrics, result.mlflow_run_id)
             run.progress.step(step, metrics)
             result.history.append(metrics)
+        publisher.close()
         status = "FINISHED"
     finally:
         run.progress.close()  # stop the live bar, also when the run failed
+        close_quietly(publisher)
         close_engines(run.engines)
         if run.logger is not None:
             result.mlflow_run_id = run.logger.run_id
