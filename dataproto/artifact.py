@@ -3,7 +3,7 @@
 Layout of an artifact directory (a local path or any fsspec URL such as ``memory://x`` or
 ``s3://bucket/run/step3/reward``)::
 
-    manifest.json            format + version, schema, file table (bytes, sha256), fingerprint,
+    manifest.json            format + version, schema, file table (bytes, sha256_tree), fingerprint,
                              optional stage / stage_version / config / extra
     tensors.safetensors      the batch layer (absent when batch is None); memory-mapped on read
     non_tensor_000.npy       a numeric / bool / fixed-width-string numpy array (no pickle)
@@ -14,16 +14,20 @@ Writes are atomic on a local disk: everything goes into a temp directory beside 
 one ``rename`` puts it under the final name (with ``overwrite=True`` an existing artifact is first
 renamed aside and deleted afterwards). On other fsspec stores the files are written under a temp
 prefix and then moved file by file with ``manifest.json`` last (an artifact being overwritten
-loses its manifest first): a reader never finds a manifest whose files are missing, but a crash during the moves can leave files without a manifest, which
-reads as "missing manifest". Files are not fsync'ed: a crash can leave a renamed directory whose
-bytes never reached the disk, and the fingerprint check on read catches that.
+loses its manifest first): a reader never finds a manifest whose files are missing, but a crash
+during the moves can leave files without a manifest, which reads as "missing manifest". Files are
+not fsync'ed: a crash can leave a renamed directory whose bytes never reached the disk, and the
+fingerprint check on read catches that.
 
-Reading verifies before use. ``verify="full"`` (default) hashes every file and checks the
-fingerprint. ``verify="lazy"`` hashes the small non-tensor and meta files (they are read anyway),
-checks every file's size and the safetensors header against the manifest's schema, and leaves the
-tensor bytes unhashed so a large batch opens in O(metadata) time; a flipped byte inside tensor data
-is then found only by :func:`verify_artifact` or a full load. Every problem raises
-:class:`ArtifactError` naming the file.
+Every file is digested with the sha256 chunk tree of dataproto/fingerprint.py (sha256 of each
+4 MiB chunk, then sha256 over those), computed while the file is written and, on read, by a
+thread pool over a memory map of the file. Reading verifies before use. ``verify="full"``
+(default) hashes every file and checks the fingerprint. ``verify="lazy"`` hashes the small
+non-tensor and meta files (they are read anyway), checks every file's size and the safetensors
+header against the manifest's schema, and leaves the tensor bytes unhashed so a large batch opens
+in O(metadata) time; a flipped byte inside tensor data is then found only by
+:func:`verify_artifact` or a full load. Every problem raises :class:`ArtifactError` naming the
+file.
 
 Loaded tensors are private (copy-on-write) views of the file: changing them never changes the
 artifact, and replacing the artifact (``overwrite=True`` renames, never rewrites in place) leaves
@@ -45,7 +49,7 @@ from tensordict import TensorDict
 
 from dataproto import nontensor_codec as codec
 from dataproto.artifact_store import MANIFEST, Store
-from dataproto.fingerprint import HashingWriter, content_fingerprint, sha256_bytes
+from dataproto.fingerprint import HashingWriter, content_fingerprint, digest_bytes
 from dataproto.schema import schema_of, schema_to_json
 from dataproto.tensor_file import (
     load_tensor_bytes,
@@ -55,7 +59,7 @@ from dataproto.tensor_file import (
 )
 
 FORMAT_NAME = "ppoflow-dataproto"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-file sha256 chunk-tree digests (dataproto/fingerprint.py)
 TENSOR_FILE = "tensors.safetensors"
 META_FILE = "meta_info.json"
 
@@ -211,17 +215,18 @@ def _write_all(
     try:
         store.make_dir(temp)
         if tensors is not None:
-            with store.open_write(temp, TENSOR_FILE) as raw, HashingWriter(raw) as writer:
+            with store.open_write(temp, TENSOR_FILE) as raw:
+                writer = HashingWriter(raw)
                 write_tensor_file(tensors, writer)
-                table[TENSOR_FILE] = {"bytes": writer.nbytes, "sha256": writer.hexdigest()}
+                table[TENSOR_FILE] = {"bytes": writer.nbytes, "sha256_tree": writer.hexdigest()}
         for name, payload in files:
             with store.open_write(temp, name) as handle:
                 handle.write(payload)
-            table[name] = {"bytes": len(payload), "sha256": sha256_bytes(payload)}
+            table[name] = {"bytes": len(payload), "sha256_tree": digest_bytes(payload)}
         manifest["files"] = table
         manifest["nbytes"] = sum(entry["bytes"] for entry in table.values())
         manifest["fingerprint"] = content_fingerprint(
-            {name: entry["sha256"] for name, entry in table.items()}, _layout(manifest)
+            {name: entry["sha256_tree"] for name, entry in table.items()}, _layout(manifest)
         )
         with store.open_write(temp, MANIFEST) as handle:
             handle.write(json.dumps(manifest, indent=1, allow_nan=False).encode())
@@ -282,10 +287,15 @@ def _referenced_files(manifest: dict[str, Any]) -> list[str]:
 def _check_file_table(store: Store, manifest: dict[str, Any]) -> None:
     """Every referenced file is listed, present and of the recorded size; fingerprint consistent."""
     table = manifest["files"]
-    for name in table:
+    for name, entry in table.items():
         if not _SAFE_NAME.fullmatch(name):
             raise ArtifactError(
                 f"{store.where(MANIFEST)}: file name {name!r} is not a plain file name"
+            )
+        if not isinstance(entry, dict) or set(entry) != {"bytes", "sha256_tree"}:
+            raise ArtifactError(
+                f"{store.where(MANIFEST)}: file entry {name!r} is {entry!r}; expected "
+                "{'bytes': int, 'sha256_tree': hex str}"
             )
     for name in _referenced_files(manifest):
         if name not in table:
@@ -299,7 +309,7 @@ def _check_file_table(store: Store, manifest: dict[str, Any]) -> None:
                 f"{store.where(name)}: {size} bytes, {MANIFEST} says {entry['bytes']} "
                 "(truncated or altered)"
             )
-    digests = {name: entry["sha256"] for name, entry in table.items()}
+    digests = {name: entry["sha256_tree"] for name, entry in table.items()}
     if content_fingerprint(digests, _layout(manifest)) != manifest["fingerprint"]:
         raise ArtifactError(
             f"{store.where(MANIFEST)}: the fingerprint does not match the manifest's file table and "
@@ -308,17 +318,17 @@ def _check_file_table(store: Store, manifest: dict[str, Any]) -> None:
 
 
 def _check_digest(store: Store, name: str, digest: str, manifest: dict[str, Any]) -> None:
-    expected = manifest["files"][name]["sha256"]
+    expected = manifest["files"][name]["sha256_tree"]
     if digest != expected:
         raise ArtifactError(
-            f"{store.where(name)}: sha256 {digest[:16]}… differs from {MANIFEST}'s {expected[:16]}… "
-            "(the file was altered)"
+            f"{store.where(name)}: sha256 tree digest {digest[:16]}… differs from {MANIFEST}'s "
+            f"{expected[:16]}… (the file was altered)"
         )
 
 
 def _read_checked(store: Store, name: str, manifest: dict[str, Any]) -> bytes:
     raw = store.read(name)
-    _check_digest(store, name, sha256_bytes(raw), manifest)
+    _check_digest(store, name, digest_bytes(raw), manifest)
     return raw
 
 
@@ -338,7 +348,7 @@ def _load_tensors(store: Store, manifest: dict[str, Any], verify: Verify) -> Ten
     try:
         if store.is_local:
             if verify == "full":
-                _check_digest(store, name, store.hash_file(name)[0], manifest)
+                _check_digest(store, name, store.hash_file(name), manifest)
             tensors = open_tensor_file(store.path(name), store.where(name), expected)
         else:  # remote: the bytes are read anyway, so always hash them
             raw = _read_checked(store, name, manifest)
@@ -411,5 +421,5 @@ def verify_artifact(path: str | os.PathLike) -> None:
     _check_file_table(store, manifest)
     for name in manifest["files"]:
         if name != (manifest["batch"] or {}).get("file"):
-            _check_digest(store, name, store.hash_file(name)[0], manifest)
+            _check_digest(store, name, store.hash_file(name), manifest)
     _load_tensors(store, manifest, "full")

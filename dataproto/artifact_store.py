@@ -14,7 +14,7 @@ import uuid
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from dataproto.fingerprint import sha256_stream
+from dataproto.fingerprint import digest_file, digest_stream
 
 MANIFEST = "manifest.json"
 
@@ -59,9 +59,12 @@ class Store:
                 return handle.read()
         return self.fs.cat_file(self.path(name))
 
-    def hash_file(self, name: str) -> tuple[str, int]:
-        with (open if self.is_local else self.fs.open)(self.path(name), "rb") as handle:
-            return sha256_stream(handle)
+    def hash_file(self, name: str) -> str:
+        """The file digest (dataproto/fingerprint.py) of ``name``, chunks hashed in parallel."""
+        if self.is_local:
+            return digest_file(self.path(name))[0]
+        with self.fs.open(self.path(name), "rb") as handle:
+            return digest_stream(handle)[0]
 
     def temp_root(self) -> str:
         parent, base = self.root.rsplit("/", 1) if "/" in self.root else ("", self.root)

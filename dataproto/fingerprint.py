@@ -1,8 +1,21 @@
-"""sha256 helpers for artifacts: per-file digests and the artifact's content fingerprint.
+"""sha256 digests for artifacts: the per-file chunk-tree digest and the artifact's fingerprint.
 
-The content fingerprint of an artifact is
+**File digest** (format version 2). A file's bytes are cut into chunks of ``CHUNK_BYTES`` (4 MiB;
+the last chunk is shorter, an empty file has no chunk). Each chunk gets its own sha256, and
 
-    sha256( "ppoflow-fingerprint-v1\\n" + layout_json + "\\n" + Σ_f  f.name + " " + f.sha256 + "\\n" )
+    file_digest = sha256( "ppoflow-sha256-tree-v1 " + CHUNK_BYTES + " " + size + "\\n"
+                          + sha256(chunk_0) + sha256(chunk_1) + … )
+
+with the sizes in decimal and the chunk digests as raw 32-byte values. This is still sha256 all
+the way down, so a flipped byte anywhere changes its chunk's digest and the file digest, but the
+chunks are independent, so a thread pool hashes them in parallel (hashlib releases the GIL on
+large buffers) while the writer goes on writing. It differs from ``sha256sum`` of the file; the
+manifest stores it as ``sha256_tree``.
+
+**Content fingerprint** of an artifact:
+
+    sha256( "ppoflow-fingerprint-v2\\n" + layout_json + "\\n"
+            + Σ_f  f.name + " " + f.digest + "\\n" )
 
 over its files in sorted name order, where ``layout_json`` is the canonical JSON (sorted keys, no
 spaces) of what maps files back to a DataProto (the schema and the file of every key). Stage,
@@ -14,88 +27,195 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
+import os
+import threading
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import IO, Any
 
-CHUNK_BYTES = 8 << 20  # 8 MiB reads when hashing a file
-BACKGROUND_HASH_BYTES = 1 << 20  # writes from 1 MiB up are hashed on a background thread
+CHUNK_BYTES = 4 << 20  # tree chunk size; part of the format (changing it changes every digest)
+TREE_PREFIX = b"ppoflow-sha256-tree-v1"
+
+Buffer = bytes | bytearray | memoryview
 
 
-def sha256_bytes(data: bytes | memoryview) -> str:
-    """Hex sha256 of a buffer.
+# --- the shared hashing pool ----------------------------------------------------------------
 
-    >>> sha256_bytes(b"")[:16]
-    'e3b0c44298fc1c14'
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = -1
+_pool_lock = threading.Lock()
+
+
+def hash_threads() -> int:
+    """Threads that hash chunks: one per CPU this process may run on (at most 16)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(16, cpus))
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    """The process-wide hashing pool, made anew in a forked child (its threads did not survive)."""
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(hash_threads(), thread_name_prefix="ppoflow-sha256")
+            _pool_pid = os.getpid()
+        return _pool
+
+
+def _sha256_pieces(pieces: list[Buffer]) -> bytes:
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece)
+    return digest.digest()
+
+
+def _tree_hexdigest(leaves: Iterable[bytes], size: int) -> str:
+    digest = hashlib.sha256(b"%s %d %d\n" % (TREE_PREFIX, CHUNK_BYTES, size))
+    for leaf in leaves:
+        digest.update(leaf)
+    return digest.hexdigest()
+
+
+# --- digests of buffers, streams and files --------------------------------------------------
+
+
+class TreeHasher:
+    """Incremental file digest (module docstring): ``update`` with the bytes in order.
+
+    Every completed chunk goes to the hashing pool at once, so hashing runs beside the caller.
+    The buffers are not copied: the caller must keep each one unchanged until :meth:`hexdigest`
+    returns. Chunks may span several ``update`` calls.
+
+    >>> h = TreeHasher()
+    >>> h.update(b"ab"); h.update(b"c")
+    >>> h.nbytes, h.hexdigest() == digest_bytes(b"abc")
+    (3, True)
     """
-    return hashlib.sha256(data).hexdigest()
+
+    def __init__(self) -> None:
+        self._leaves: list[Future[bytes]] = []  # one per completed chunk, in order
+        self._pieces: list[Buffer] = []  # the open (incomplete) chunk
+        self._open_bytes = 0
+        self.nbytes = 0
+
+    def update(self, data: Buffer) -> None:
+        view = memoryview(data).cast("B")  # slicing a view never copies
+        start, size = 0, len(view)
+        while start < size:
+            take = min(CHUNK_BYTES - self._open_bytes, size - start)
+            self._pieces.append(view[start : start + take])
+            self._open_bytes += take
+            start += take
+            if self._open_bytes == CHUNK_BYTES:
+                self._leaves.append(_hash_pool().submit(_sha256_pieces, self._pieces))
+                self._pieces, self._open_bytes = [], 0
+        self.nbytes += size
+
+    def hexdigest(self) -> str:
+        """The file digest of everything given so far; waits for the pending chunks."""
+        leaves = [leaf.result() for leaf in self._leaves]
+        if self._pieces:  # the short last chunk, hashed here
+            leaves.append(_sha256_pieces(self._pieces))
+        return _tree_hexdigest(leaves, self.nbytes)
 
 
-def sha256_stream(stream: IO[bytes], chunk_bytes: int = CHUNK_BYTES) -> tuple[str, int]:
-    """(hex sha256, byte count) of everything left in a binary stream, read in chunks.
+def digest_bytes(data: Buffer) -> str:
+    """File digest (module docstring) of a buffer; chunks hashed in parallel.
+
+    >>> digest_bytes(b"") == digest_bytes(bytearray())
+    True
+    >>> digest_bytes(b"abc") == digest_bytes(b"abd")
+    False
+    """
+    hasher = TreeHasher()
+    hasher.update(data)
+    return hasher.hexdigest()
+
+
+def digest_stream(stream: IO[bytes]) -> tuple[str, int]:
+    """(file digest, byte count) of everything left in a binary stream, read chunk by chunk.
+
+    At most two chunks per hashing thread are held in memory at once.
 
     >>> import io
-    >>> sha256_stream(io.BytesIO(b"abc"))[1]
-    3
+    >>> digest_stream(io.BytesIO(b"abc")) == (digest_bytes(b"abc"), 3)
+    True
     """
-    digest = hashlib.sha256()
-    size = 0
-    while chunk := stream.read(chunk_bytes):
-        digest.update(chunk)
+    pool, limit = _hash_pool(), 2 * hash_threads()
+    leaves: list[Future[bytes]] = []
+    size, done = 0, 0
+    while chunk := stream.read(CHUNK_BYTES):
+        leaves.append(pool.submit(_sha256_pieces, [chunk]))
         size += len(chunk)
-    return digest.hexdigest(), size
+        if len(leaves) - done >= limit:  # bound the chunks in flight
+            leaves[done].result()
+            done += 1
+    return _tree_hexdigest((leaf.result() for leaf in leaves), size), size
+
+
+def _sha256_mapped(mapped: mmap.mmap, start: int, stop: int) -> bytes:
+    with memoryview(mapped) as whole, whole[start:stop] as piece:
+        return hashlib.sha256(piece).digest()
+
+
+def digest_file(path: str) -> tuple[str, int]:
+    """(file digest, byte count) of a local file: memory-mapped, chunks hashed in parallel.
+
+    Mapping instead of reading avoids copying the bytes out of the page cache. Like the tensor
+    views of a load, this assumes the file is not truncated meanwhile (artifact.py's contract).
+    """
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return _tree_hexdigest([], 0), 0
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            pool = _hash_pool()
+            leaves = [
+                pool.submit(_sha256_mapped, mapped, start, min(start + CHUNK_BYTES, size))
+                for start in range(0, size, CHUNK_BYTES)
+            ]
+            wait(leaves)  # every view of the map is released before it closes, even on error
+            digest = _tree_hexdigest([leaf.result() for leaf in leaves], size)
+    return digest, size
 
 
 class HashingWriter:
-    """Wraps a binary file: every ``write`` also feeds a sha256 and a byte counter.
+    """Wraps a binary file: every ``write`` also feeds a :class:`TreeHasher` and a byte counter.
 
-    Updates of large buffers (≥ 1 MiB) run on one background thread, in write order, while the
-    caller goes on writing (hashlib and file writes both release the GIL on large buffers), so a
-    large save costs about max(write, hash) instead of their sum. The caller must keep each buffer unchanged until
-    :meth:`hexdigest` returns, which waits for the pending updates.
+    Completed chunks are hashed on the pool while the caller goes on writing (file writes also
+    release the GIL), so a large save costs about max(write, hash / threads) instead of their sum.
+    The caller must keep each buffer unchanged until :meth:`hexdigest` returns.
 
     >>> import io
-    >>> with HashingWriter(io.BytesIO()) as w:
-    ...     w.write(b"abc")
-    ...     w.nbytes, w.hexdigest() == sha256_bytes(b"abc")
+    >>> w = HashingWriter(io.BytesIO())
+    >>> w.write(b"abc")
     3
+    >>> w.nbytes, w.hexdigest() == digest_bytes(b"abc")
     (3, True)
     """
 
     def __init__(self, raw: IO[bytes]) -> None:
         self._raw = raw
-        self._digest = hashlib.sha256()
-        self._pool: ThreadPoolExecutor | None = None  # started on the first large write
-        self._pending: list[Future] = []
-        self.nbytes = 0
+        self._hasher = TreeHasher()
 
-    def write(self, data: bytes | memoryview) -> int:
-        if len(data) >= BACKGROUND_HASH_BYTES:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
-            self._pending.append(self._pool.submit(self._digest.update, data))
-        else:  # small buffers: hash inline, after the pending large ones (keeps the order)
-            self._drain()
-            self._digest.update(data)
+    @property
+    def nbytes(self) -> int:
+        return self._hasher.nbytes
+
+    def write(self, data: Buffer) -> int:
+        self._hasher.update(data)  # hand the chunks to the pool first, then write beside them
         self._raw.write(data)
-        self.nbytes += len(data)
         return len(data)
 
-    def _drain(self) -> None:
-        for future in self._pending:
-            future.result()  # re-raises a hashing error
-        self._pending.clear()
-
     def hexdigest(self) -> str:
-        self._drain()
-        return self._digest.hexdigest()
+        return self._hasher.hexdigest()
 
-    def __enter__(self) -> HashingWriter:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+# --- the artifact fingerprint ---------------------------------------------------------------
 
 
 def canonical_json(value: Any) -> str:
@@ -111,7 +231,7 @@ def content_fingerprint(file_digests: Mapping[str, str], layout: Any) -> str:
     """The artifact fingerprint (formula in the module docstring).
 
     Args:
-        file_digests: file name (relative to the artifact dir) → hex sha256 of its bytes.
+        file_digests: file name (relative to the artifact dir) → hex file digest of its bytes.
         layout: JSON-ready description of how the files map to keys (schema + file table).
 
     >>> a = content_fingerprint({"x.npy": "00", "m.json": "11"}, {"rows": 2})
@@ -121,14 +241,9 @@ def content_fingerprint(file_digests: Mapping[str, str], layout: Any) -> str:
     False
     """
     digest = hashlib.sha256()
-    digest.update(b"ppoflow-fingerprint-v1\n")
+    digest.update(b"ppoflow-fingerprint-v2\n")
     digest.update(canonical_json(layout).encode())
     digest.update(b"\n")
-    for line in _digest_lines(file_digests):
-        digest.update(line.encode())
-    return digest.hexdigest()
-
-
-def _digest_lines(file_digests: Mapping[str, str]) -> Iterable[str]:
     for name in sorted(file_digests):
-        yield f"{name} {file_digests[name]}\n"
+        digest.update(f"{name} {file_digests[name]}\n".encode())
+    return digest.hexdigest()

@@ -87,12 +87,22 @@ def test_missing_file_named(art, name):
         verify_artifact(art)
 
 
-def test_other_format_version_and_missing_manifest(art, tmp_path):
+@pytest.mark.parametrize("version", [1, 99])
+def test_manifest_from_another_version_is_named(art, version):
+    # version 1 digested files with plain sha256; its manifests must not be misread as version 2
     manifest = json.loads((art / "manifest.json").read_text())
-    manifest["format_version"] = 2
+    manifest["format_version"] = version
     (art / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactError, match=r"manifest\.json: format version 2"):
-        load_artifact(art)
+    for verify in ("full", "lazy"):
+        with pytest.raises(
+            ArtifactError, match=rf"manifest\.json: format version {version}; this ppoflow reads"
+        ):
+            load_artifact(art, verify=verify)
+    with pytest.raises(ArtifactError, match=rf"format version {version}"):
+        verify_artifact(art)
+
+
+def test_missing_or_unreadable_manifest(art, tmp_path):
     os.remove(art / "manifest.json")
     with pytest.raises(ArtifactError, match=r"manifest\.json: missing manifest"):
         load_artifact(art)
@@ -183,7 +193,7 @@ def test_loaded_tensors_are_copy_on_write(art):
 
 def test_manifest_file_names_cannot_escape_the_directory(art):
     manifest = json.loads((art / "manifest.json").read_text())
-    manifest["files"]["../outside.json"] = {"bytes": 1, "sha256": "0"}
+    manifest["files"]["../outside.json"] = {"bytes": 1, "sha256_tree": "0"}
     (art / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="not a plain file name"):
         load_artifact(art)
@@ -214,27 +224,79 @@ def test_ref_path_is_absolute_for_relative_local_paths(tmp_path, monkeypatch):
     assert artifact.artifact_ref("rel/art") == ref
 
 
-def test_hashing_writer_keeps_order_across_small_and_large_writes():
-    import hashlib
-    import io
+def test_manifest_file_entry_of_the_wrong_shape_is_named(art):
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"]["meta_info.json"] = {"bytes": 10, "sha256": "0" * 64}  # a version-1 entry
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=r"file entry 'meta_info\.json'.*sha256_tree"):
+        load_artifact(art, verify="lazy")
 
-    from dataproto.fingerprint import BACKGROUND_HASH_BYTES, HashingWriter
 
-    pieces = [
-        b"head",
-        os.urandom(BACKGROUND_HASH_BYTES),
-        b"mid",
-        os.urandom(2 * BACKGROUND_HASH_BYTES),
-    ]
-    pieces += [b"tail"]
-    out = io.BytesIO()
-    with HashingWriter(out) as writer:
-        for piece in pieces:
-            writer.write(memoryview(piece))
-        digest = writer.hexdigest()
-    assert (
-        digest
-        == hashlib.sha256(b"".join(pieces)).hexdigest()
-        == hashlib.sha256(out.getvalue()).hexdigest()
+# --- a large tensor file: several digest chunks --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def large_art(tmp_path_factory):
+    """An artifact whose tensor file spans 3 chunks of the file digest (about 20 MiB)."""
+    from dataproto.fingerprint import CHUNK_BYTES
+
+    rows = 16
+    width = (5 * CHUNK_BYTES // 2) // (rows * 4)  # 2.5 chunks of float32
+    td = TensorDict(
+        {"values": torch.randn(rows, width, generator=torch.Generator().manual_seed(0))},
+        batch_size=[rows],
     )
-    assert writer.nbytes == len(out.getvalue())
+    path = tmp_path_factory.mktemp("large") / "art"
+    save_artifact(DataProto(batch=td), path)
+    return path
+
+
+@pytest.mark.parametrize("where", ["first", "chunk_1", "chunk_1_end", "last"])
+def test_flipped_byte_in_any_chunk_of_a_large_tensor_is_caught(large_art, tmp_path, where):
+    import shutil
+
+    from dataproto.fingerprint import CHUNK_BYTES
+
+    art = tmp_path / "copy"
+    shutil.copytree(large_art, art)
+    size = (art / "tensors.safetensors").stat().st_size
+    assert size > 2 * CHUNK_BYTES  # the fixture really spans three chunks
+    offset = {
+        "first": 4096,
+        "chunk_1": CHUNK_BYTES + 12345,
+        "chunk_1_end": 2 * CHUNK_BYTES - 1,
+        "last": size - 1,
+    }[where]
+    verify_artifact(art)
+    _flip(art / "tensors.safetensors", offset)
+    with pytest.raises(ArtifactError, match=r"tensors\.safetensors: sha256 tree digest"):
+        load_artifact(art)
+    with pytest.raises(ArtifactError, match=r"tensors\.safetensors: sha256 tree digest"):
+        verify_artifact(art)
+
+
+def test_large_tensor_round_trips_bit_exact(large_art):
+    values = load_artifact(large_art).batch["values"]
+    expected = torch.randn(values.shape, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(values, expected)
+
+
+def test_large_artifact_in_memory_store_is_verified(large_art):
+    import uuid
+
+    import fsspec
+
+    url = f"memory://ppoflow-tests/{uuid.uuid4().hex}/large"
+    data = load_artifact(large_art)
+    ref = save_artifact(data, url)
+    assert ref.fingerprint == artifact.artifact_ref(large_art).fingerprint  # same bytes, same key
+    verify_artifact(url)
+    fs = fsspec.filesystem("memory")
+    name = f"{url.removeprefix('memory://')}/tensors.safetensors"
+    raw = bytearray(fs.cat_file(name))
+    raw[len(raw) // 2] ^= 0x10
+    fs.pipe_file(name, bytes(raw))
+    with pytest.raises(ArtifactError, match=r"memory://.*tensors\.safetensors: sha256 tree"):
+        load_artifact(url, verify="lazy")
+    with pytest.raises(ArtifactError, match=r"memory://.*tensors\.safetensors: sha256 tree"):
+        verify_artifact(url)
