@@ -37,3 +37,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def _tiny_run_overrides(demo: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    """Overrides of a tiny training run of configs/demo-cpu.yaml: the demo data and tiny model
+    under ``demo`` (:func:`make_demo_inputs`), 4 prompts × n 2 with 8 response tokens, ``steps``
+    steps with validation and a checkpoint at the last, checkpoints and MLflow under ``out``,
+    one reward worker; ``extra`` overrides come last, so they win."""
+    return [
+        f"data.train_files=[{demo}/data/train.parquet]",
+        f"data.val_files=[{demo}/data/val.parquet]",
+        f"actor_rollout_ref.model.path={demo}/model",
+        "data.train_batch_size=4",
+        "data.max_response_length=8",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={steps}",
+        f"trainer.save_freq={steps}",
+        f"trainer.default_local_dir={out}/checkpoints",
+        f"ppoflow.mlflow_tracking_uri=sqlite:///{out}/mlflow.db",
+        "reward.num_workers=1",
+        *extra,
+    ]
+
+
+def _make_demo_inputs(root: Path, n_train: int = 32, n_val: int = 8) -> Path:
+    """The demo task's parquet files (``root/data``) and the tiny model (``root/model``)."""
+    from stages.data import make_demo_data, make_tiny_model
+
+    make_demo_data(root / "data", n_train=n_train, n_val=n_val)
+    make_tiny_model(root / "model")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_run_overrides():
+    """``f(demo, out, steps, *extra) -> list[str]``: a tiny training run's overrides."""
+    return _tiny_run_overrides
+
+
+@pytest.fixture(scope="session")
+def make_demo_inputs():
+    """``f(root, n_train=32, n_val=8) -> root``: writes the demo data and the tiny model."""
+    return _make_demo_inputs

@@ -19,7 +19,6 @@ from mlflow.tracking import MlflowClient
 
 from flows.mlflow_logger import flatten_config, truncate_param
 from flows.train import resolve_config, train
-from stages.data import make_demo_data, make_tiny_model
 from stages.metrics.catalog import describe_metric, find_metric_doc, step_metric_names
 from stages.metrics.naming import restore_metric_name, sanitize_metric_name
 
@@ -29,28 +28,12 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FLAGS = ("use_critic", "use_reference_policy", "balance_batch", "use_kl_in_reward", "use_kl_loss")
 
 
-def small_run(root: Path) -> list[str]:
-    """Overrides: the tiny model and demo data under ``root``, 2 steps, validation at step 2."""
-    make_demo_data(root / "data", n_train=16, n_val=4)
-    make_tiny_model(root / "model")
-    return [
-        f"data.train_files=[{root}/data/train.parquet]",
-        f"data.val_files=[{root}/data/val.parquet]",
-        f"actor_rollout_ref.model.path={root}/model",
-        "data.train_batch_size=4",
-        "data.max_response_length=8",
-        "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "trainer.total_training_steps=2",
-        "trainer.test_freq=2",
-        "trainer.save_freq=0",
-        "trainer.val_before_train=true",
-        "trainer.log_val_generations=3",
-        f"trainer.default_local_dir={root}/checkpoints",
-        f"ppoflow.mlflow_tracking_uri=sqlite:///{root}/mlflow.db",
-        "reward.num_workers=1",
-    ]
+#: 2 steps, validation before training and at step 2, 3 generations logged per validation
+SMALL_RUN = (
+    "trainer.save_freq=0",
+    "trainer.val_before_train=true",
+    "trainer.log_val_generations=3",
+)
 
 
 def same(a: float, b: float) -> bool:
@@ -66,8 +49,11 @@ def test_every_step_metric_the_registry_lists_is_described(flags):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_harness")
-def test_mlflow_run_holds_registry_metrics_params_and_artifacts(tmp_path):
-    overrides = small_run(tmp_path)
+def test_mlflow_run_holds_registry_metrics_params_and_artifacts(
+    tmp_path, make_demo_inputs, tiny_run_overrides
+):
+    demo = make_demo_inputs(tmp_path, n_train=16, n_val=4)
+    overrides = tiny_run_overrides(demo, tmp_path, 2, *SMALL_RUN)
     cfg = resolve_config(CONFIG, overrides)
     result = train(CONFIG, overrides, str(tmp_path / "run"))
     assert len(result.history) == 2

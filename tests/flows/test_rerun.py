@@ -17,7 +17,6 @@ from flows.cli import app
 from flows.rerun import rerun
 from flows.run_store import RunStore
 from flows.train import train
-from stages.data import make_demo_data, make_tiny_model
 from stages.engines import roles
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
@@ -31,39 +30,28 @@ MODEL_METHODS = {
 
 
 @pytest.fixture(scope="module")
-def parent_run(tmp_path_factory) -> dict:
+def parent_run(tmp_path_factory, make_demo_inputs, tiny_run_overrides) -> dict:
     """2 GRPO steps, a checkpoint after each; the run dir, checkpoints and MLflow in tmp.
 
     The untrained model scores 0 on the demo task everywhere, which makes every estimator's
     advantages 0; a custom scorer with spread-out scores makes the estimators differ.
     """
-    root = tmp_path_factory.mktemp("rerun")
+    root = make_demo_inputs(tmp_path_factory.mktemp("rerun"))
     (root / "spread_score.py").write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
         "    return float(sum(map(ord, solution_str)) % 5) / 4\n"
     )
-    make_demo_data(root / "data", n_train=32, n_val=8)
-    make_tiny_model(root / "model")
     result = train(
         REPO / "configs" / "demo-cpu.yaml",
-        [
-            f"data.train_files=[{root}/data/train.parquet]",
-            f"data.val_files=[{root}/data/val.parquet]",
-            f"actor_rollout_ref.model.path={root}/model",
-            "data.train_batch_size=4",
-            "data.max_response_length=8",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-            "trainer.total_training_steps=2",
+        tiny_run_overrides(
+            root,
+            root,
+            2,
             "trainer.val_before_train=false",
             "trainer.test_freq=0",
             "trainer.save_freq=1",
-            f"trainer.default_local_dir={root}/checkpoints",
-            f"ppoflow.mlflow_tracking_uri=sqlite:///{root}/mlflow.db",
-            "reward.num_workers=1",
             f"reward.custom_reward_function.path={root}/spread_score.py",
-        ],
+        ),
         str(root / "run"),
     )
     return {"root": root, "run_dir": result.run_dir}

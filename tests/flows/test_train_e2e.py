@@ -17,7 +17,6 @@ from prefect.client.orchestration import get_client
 from dataproto.artifact import load_artifact
 from flows.run_store import RunStore
 from flows.train import train
-from stages.data import make_demo_data, make_tiny_model
 from stages.metrics.naming import sanitize_metric_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
@@ -27,31 +26,8 @@ ALWAYS = ["rollout", "balance", "reward", "old_log_prob", "advantage", "update_a
 
 
 @pytest.fixture(scope="module")
-def demo_inputs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("demo")
-    make_demo_data(root / "data", n_train=32, n_val=8)
-    make_tiny_model(root / "model")
-    return root
-
-
-def overrides(demo: Path, tmp_path: Path, steps: int, *extra: str) -> list[str]:
-    return [
-        f"data.train_files=[{demo}/data/train.parquet]",
-        f"data.val_files=[{demo}/data/val.parquet]",
-        f"actor_rollout_ref.model.path={demo}/model",
-        "data.train_batch_size=4",
-        "data.max_response_length=8",
-        "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        f"trainer.total_training_steps={steps}",
-        f"trainer.test_freq={steps}",
-        f"trainer.save_freq={steps}",
-        f"trainer.default_local_dir={tmp_path}/checkpoints",
-        f"ppoflow.mlflow_tracking_uri=sqlite:///{tmp_path}/mlflow.db",
-        "reward.num_workers=1",
-        *extra,
-    ]
+def demo_inputs(tmp_path_factory, make_demo_inputs) -> Path:
+    return make_demo_inputs(tmp_path_factory.mktemp("demo"))
 
 
 def logged(tmp_path: Path, run_id: str, name: str) -> list[float]:
@@ -71,10 +47,10 @@ def assert_artifacts(run_dir: str, step: int, present: list[str], absent: list[s
         assert journal.record(stage).status == "skipped"
 
 
-def test_grpo_three_steps(demo_inputs, tmp_path):
+def test_grpo_three_steps(demo_inputs, tmp_path, tiny_run_overrides):
     result = train(
         REPO / "configs" / "demo-cpu.yaml",
-        overrides(demo_inputs, tmp_path, 3),
+        tiny_run_overrides(demo_inputs, tmp_path, 3),
         str(tmp_path / "run"),
     )
     assert result.steps == 3 and len(result.history) == 3
@@ -93,10 +69,10 @@ def test_grpo_three_steps(demo_inputs, tmp_path):
     assert len(reports) == 3 and all("| update_actor | ran |" in report for report in reports)
 
 
-def test_ppo_with_critic_kl_in_reward_and_kl_loss(demo_inputs, tmp_path):
+def test_ppo_with_critic_kl_in_reward_and_kl_loss(demo_inputs, tmp_path, tiny_run_overrides):
     result = train(
         REPO / "configs" / "demo-cpu.yaml",
-        overrides(
+        tiny_run_overrides(
             demo_inputs,
             tmp_path,
             2,
@@ -120,13 +96,16 @@ def test_ppo_with_critic_kl_in_reward_and_kl_loss(demo_inputs, tmp_path):
     assert (tmp_path / "checkpoints" / "global_step_2" / "critic").is_dir()
 
 
-def test_resume_continues_like_an_uninterrupted_run(demo_inputs, tmp_path):
+def test_resume_continues_like_an_uninterrupted_run(demo_inputs, tmp_path, tiny_run_overrides):
     """Run A: 3 steps, a checkpoint every step (keep the last 2). Run B resumes from A's step-2
     checkpoint (resume_mode auto on a copy) and runs step 3: same batch, same numbers."""
     common = ("trainer.val_before_train=false", "trainer.test_freq=0", "trainer.save_freq=1")
     first = train(
         REPO / "configs" / "demo-cpu.yaml",
-        [*overrides(demo_inputs, tmp_path / "a", 3, *common), "trainer.max_actor_ckpt_to_keep=2"],
+        [
+            *tiny_run_overrides(demo_inputs, tmp_path / "a", 3, *common),
+            "trainer.max_actor_ckpt_to_keep=2",
+        ],
         str(tmp_path / "a" / "run"),
     )
     assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").glob("global_step_*")) == [
@@ -140,7 +119,7 @@ def test_resume_continues_like_an_uninterrupted_run(demo_inputs, tmp_path):
     (resumed_root / "latest_checkpointed_iteration.txt").write_text("2")
     second = train(
         REPO / "configs" / "demo-cpu.yaml",
-        [*overrides(demo_inputs, tmp_path / "b", 3, *common), "trainer.resume_mode=auto"],
+        [*tiny_run_overrides(demo_inputs, tmp_path / "b", 3, *common), "trainer.resume_mode=auto"],
         str(tmp_path / "b" / "run"),
     )
     assert len(second.history) == 1 and second.history[0]["training/global_step"] == 3.0

@@ -24,7 +24,6 @@ from flows.engines import check_backend, ray_init_options
 from flows.run_store import RunStore
 from flows.train import train
 from stages.config import load_config
-from stages.data import make_demo_data, make_tiny_model
 from stages.metrics.naming import sanitize_metric_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,34 +32,17 @@ STAGES_SKIPPED = ["ref_log_prob", "values", "update_critic"]
 
 
 @pytest.fixture(scope="module")
-def demo_inputs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("demo-ray")
-    make_demo_data(root / "data", n_train=16, n_val=5)
-    make_tiny_model(root / "model")
-    return root
+def demo_inputs(tmp_path_factory, make_demo_inputs) -> Path:
+    return make_demo_inputs(tmp_path_factory.mktemp("demo-ray"), n_train=16, n_val=5)
 
 
-def ray_overrides(demo: Path, tmp_path: Path) -> list[str]:
-    """4 prompts × n 2 = 8 sequences per step, 4 per rank; mini-batch 2 prompts × 2 = 2 per rank."""
-    return [
-        f"data.train_files=[{demo}/data/train.parquet]",
-        f"data.val_files=[{demo}/data/val.parquet]",
-        f"actor_rollout_ref.model.path={demo}/model",
-        "data.train_batch_size=4",
-        "data.max_response_length=8",
-        "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "ppoflow.workers.backend=ray",
-        "trainer.n_gpus_per_node=2",
-        "trainer.total_training_steps=2",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=2",
-        "trainer.save_freq=2",
-        f"trainer.default_local_dir={tmp_path}/checkpoints",
-        f"ppoflow.mlflow_tracking_uri=sqlite:///{tmp_path}/mlflow.db",
-        "reward.num_workers=1",
-    ]
+#: 4 prompts × n 2 = 8 sequences per step, 4 per rank; mini-batch 2 prompts × 2 = 2 per rank
+RAY_RUN = (
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "ppoflow.workers.backend=ray",
+    "trainer.n_gpus_per_node=2",
+    "trainer.val_before_train=false",
+)
 
 
 def logged(tmp_path: Path, run_id: str, name: str) -> list[float]:
@@ -114,14 +96,14 @@ def test_ray_is_sized_for_every_role(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_harness")
-def test_grpo_two_steps_on_two_ray_ranks(demo_inputs, tmp_path):
+def test_grpo_two_steps_on_two_ray_ranks(demo_inputs, tmp_path, tiny_run_overrides):
     ray = pytest.importorskip(
         "ray", reason="the ray extra is not installed: pip install 'ppoflow[ray]'"
     )
     assert not ray.is_initialized()
     result = train(
         REPO / "configs" / "demo-cpu.yaml",
-        ray_overrides(demo_inputs, tmp_path),
+        tiny_run_overrides(demo_inputs, tmp_path, 2, *RAY_RUN),
         str(tmp_path / "run"),
     )
     assert not ray.is_initialized()  # the flow started Ray and shut it down with its engines
