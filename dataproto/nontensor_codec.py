@@ -198,11 +198,20 @@ def encode_object_array(key: str, array: np.ndarray) -> bytes:
     else:
         row_stride = max(1, math.prod(array.shape[1:]))
         values = []
+        # a repeated batch (repeat(n, interleave)) holds the same dict / list object in n rows:
+        # encode each object once (the array keeps them alive, so ids are not reused meanwhile)
+        encoded: dict[int, Any] = {}
         for i, item in enumerate(flat):
+            known = encoded.get(id(item))
+            if known is not None:
+                values.append(known)
+                continue
             try:
                 values.append(encode_value(item))
             except UnsupportedValue as err:
                 raise TypeError(_unsupported_message(key, i // row_stride, err)) from None
+            if type(item) in (dict, list, tuple):
+                encoded[id(item)] = values[-1]
     doc = {"format": OBJECT_ARRAY_FORMAT, "version": OBJECT_ARRAY_VERSION}
     doc |= {"shape": list(array.shape), "values": values}
     return json.dumps(doc, ensure_ascii=True, allow_nan=False).encode()
