@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from dataproto import DataProto
 from dataproto import keys as K
@@ -64,7 +63,8 @@ def close_reward_engines(engines: dict[str, Any]) -> None:
 
 
 def needs_scoring(batch: DataProto) -> bool:
-    """False when ``rm_scores`` is already in the batch (the reward stage then adds nothing)."""
+    """False when ``rm_scores`` is already in the batch (the reward stage then scores nothing and
+    passes them on)."""
     return batch.batch is None or K.RM_SCORES not in batch.batch
 
 
@@ -77,9 +77,15 @@ def _engine(engines: dict[str, Any], name: str) -> Any:
     return engines[name]
 
 
-def _empty_delta(batch: DataProto) -> DataProto:
-    return DataProto(
-        batch=TensorDict({}, batch_size=[len(batch)]), non_tensor_batch={}, meta_info={}
+def _given_scores_delta(batch: DataProto) -> DataProto:
+    """The delta when the batch already holds ``rm_scores`` (B, R), e.g. streamed by the
+    rollout: verl then uses them as they are. The declared keys are returned — ``rm_scores``
+    unchanged (the union accepts an equal value) and ``seq_scores`` = Σ_t rm_scores (B,) — so the
+    stage's contract holds; no scorer or reward model runs."""
+    rm_scores = batch.batch[K.RM_SCORES]
+    return DataProto.from_dict(
+        {K.RM_SCORES: rm_scores, SEQ_SCORES: rm_scores.sum(-1).float()},
+        meta_info={K.REWARD_EXTRA_KEYS: []},
     )
 
 
@@ -88,7 +94,7 @@ def compute_reward(
 ) -> tuple[DataProto, dict[str, float]]:
     """Score ``batch`` by the configured route; returns the delta and the stage's metrics."""
     if not needs_scoring(batch):
-        return _empty_delta(batch), {"reward/skipped": 1.0}
+        return _given_scores_delta(batch), {"reward/skipped": 1.0}
     start = time.perf_counter()
     metrics: dict[str, float] = {}
     seq_scores = torch.zeros(len(batch), dtype=torch.float32)  # (B,)

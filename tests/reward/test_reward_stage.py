@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, Qwen2Config
 
 from dataproto import keys as K
+from flows.stage_task import check_delta
 from stages.config.root import PPORunConfig
 from stages.reward.reward_model import RewardModel
 from stages.reward.settings import CONFIG_KEYS, RewardSettings, settings_from_config
@@ -72,8 +73,9 @@ def test_skipped_when_rm_scores_present(batch_factory):
     batch.batch[K.RM_SCORES] = torch.ones(2, 8)
     assert not needs_scoring(batch)
     delta, metrics = compute_reward(batch, LOOP_ONLY, engines={})  # no engine is touched
-    assert len(delta) == 2 and list(delta.batch.keys()) == []
-    assert delta.non_tensor_batch == {} and delta.meta_info == {}
+    check_delta(REWARD_STAGE, delta, len(batch))  # the declared keys, as the flow requires
+    assert delta.batch[SEQ_SCORES].tolist() == [8.0, 8.0]
+    assert delta.non_tensor_batch == {} and delta.meta_info == {K.REWARD_EXTRA_KEYS: []}
     assert metrics == {"reward/skipped": 1.0}
     assert batch.union(delta).batch[K.RM_SCORES].sum() == 16.0
 
