@@ -47,7 +47,7 @@ from flows.engines import (
     close_engines,
     roles_for,
 )
-from flows.run_store import RunStore, StepJournal
+from flows.run_store import RERUN_FILE, RunStore, StepJournal
 from flows.step_flow import StepFlow, StepResult, run_step
 from flows.train import step_metrics
 from stages.config import PPORunConfig, apply_overrides
@@ -59,7 +59,6 @@ from stages.stage import Stage, StageContext
 #: the flow-computed last stage of the ARCHITECTURE table (data, timing, throughput metrics)
 METRICS_STAGE = "metrics"
 STAGE_NAMES: tuple[str, ...] = (*(stage.name for stage in PPO_STAGES), METRICS_STAGE)
-RERUN_FILE = "rerun.json"
 #: metric name prefixes that differ between any two runs of the same work (wall time)
 TIMING_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/")
 

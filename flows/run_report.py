@@ -15,7 +15,8 @@ returns a string or a dict; nothing prints. Three text views:
 "status", "input_artifact", "input_fingerprint", "metrics", "stages": [{"stage", "status",
 "reason", "artifact", "fingerprint", "cache_key", "rows", "nbytes", "timing_s", "metrics"}]}]}``;
 each step is its journal's ``StepJournal.to_json()``, so fields the journal gains (``weights``)
-appear too. ``config`` is None when the run has no ``config.json``.
+appear too. ``config`` is None when the run has no ``config.json``; ``rerun`` is the
+``rerun.json`` of a re-run branch (parent run, step, stages, overrides), None otherwise.
 It is strict JSON (``json.dumps(..., allow_nan=False)`` accepts it): a NaN or ±inf metric or config
 value is written as ``{"float": "nan"}`` / ``{"float": "inf"}`` / ``{"float": "-inf"}``, the
 convention of ``run_store.encode_metrics`` (``run_store.decode_metrics`` reads it back).
@@ -37,7 +38,7 @@ from dataproto.artifact import Verify
 from dataproto.artifact_store import MANIFEST
 from dataproto.report import describe_artifact
 from flows.cache_keys import jsonable
-from flows.run_store import CONFIG_FILE, RunStore, StageRecord, StepJournal
+from flows.run_store import CONFIG_FILE, RERUN_FILE, RunStore, StageRecord, StepJournal
 
 SCORE_METRIC = "critic/score/mean"
 STEP_TIME_METRIC = "timing_s/step"
@@ -223,7 +224,12 @@ def run_json(store: RunStore, step: int | None = None, stage: str | None = None)
         if stage is not None:
             data["stages"] = [find_record(journal, stage).to_json()]
         steps.append(data)
-    return {"run_dir": store.root, "config": _config(store), "steps": steps}
+    return {
+        "run_dir": store.root,
+        "config": _config(store),
+        "rerun": _branch(store),
+        "steps": steps,
+    }
 
 
 # --- the run table -----------------------------------------------------------------------------
@@ -283,9 +289,21 @@ def _run_header(store: RunStore, journals: Sequence[StepJournal]) -> list[str]:
             value = _config_value(config, key)
             if value is not None:
                 lines.append(f"{label:<12} {value}")
+    branch = _branch(store)
+    if branch is not None:
+        lines.append(
+            f"re-run of    {branch.get('parent_run_dir')} step {branch.get('step')}, "
+            f"from {branch.get('from')} to {branch.get('to')}, "
+            f"overrides {branch.get('overrides') or 'none'}"
+        )
     steps = format_steps([journal.step for journal in journals])
     lines.append(f"steps        {steps} ({done} done, {len(journals) - done} running)")
     return lines
+
+
+def _branch(store: RunStore) -> dict[str, Any] | None:
+    """The ``rerun.json`` of a re-run branch (flows/rerun.py), or None for a trained run."""
+    return store.load_json(RERUN_FILE) if store.exists(RERUN_FILE) else None
 
 
 def run_table(store: RunStore) -> str:

@@ -38,6 +38,7 @@ from flows.cache_keys import jsonable
 Status = Literal["ran", "cached", "skipped"]
 STATUSES = ("ran", "cached", "skipped")
 CONFIG_FILE = "config.json"
+RERUN_FILE = "rerun.json"  # a re-run branch's parent, step, stages and overrides (flows/rerun.py)
 JOURNAL_FILE = "journal.json"
 INPUT_NAME = "input"
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")

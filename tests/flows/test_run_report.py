@@ -185,7 +185,8 @@ def test_json_document_round_trips_with_nan_tagged(run, tmp_path):
     result = inspect(run.root, "--json")
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
-    assert set(document) == {"run_dir", "config", "steps"}
+    assert set(document) == {"run_dir", "config", "rerun", "steps"}
+    assert document["rerun"] is None  # a trained run, not a re-run branch
     assert document["run_dir"] == run.root
     assert document["config"] == {
         "trainer": {"experiment_name": "unit"},
