@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import os
-import socket
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -80,30 +81,33 @@ class EngineSettings:
 
 
 def ensure_process_group(backend: str | None = None) -> None:
-    """Initialise torch.distributed through DeepSpeed once per process (gloo on CPU, nccl on CUDA)."""
+    """Initialise torch.distributed through DeepSpeed once per process (gloo on CPU, nccl on CUDA).
+
+    Under a launcher (RANK etc. set, e.g. a Ray rank) the launcher's rendezvous is used. Without
+    one this process is the only rank, and the group meets through a file store in a fresh temp
+    directory rather than a TCP port: a port picked as free can be taken (by an outgoing
+    connection's ephemeral port, say) before the store binds it, which failed runs with
+    EADDRINUSE.
+    """
     import deepspeed
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    if "RANK" not in os.environ:  # no launcher: one rank in this process
-        os.environ.update(
-            RANK="0",
-            LOCAL_RANK="0",
-            WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(_free_port()),
-        )
+    dist_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if "RANK" in os.environ:
+        deepspeed.init_distributed(dist_backend=dist_backend)
+        return
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    store = Path(tempfile.mkdtemp(prefix="ppoflow-pg-")) / "store"
     deepspeed.init_distributed(
-        dist_backend=backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        dist_backend=dist_backend,
+        auto_mpi_discovery=False,  # it would look for MASTER_ADDR / MASTER_PORT, then MPI
+        init_method=store.as_uri(),
+        rank=0,
+        world_size=1,
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def deepspeed_config(
