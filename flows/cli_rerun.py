@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_train import fail_in_one_line, quiet_prefect
+from flows.cli_train import VerboseOption, fail_in_one_line, quiet_prefect
 from flows.rerun import STAGE_NAMES, RerunResult, format_diff
 from stages.config import ConfigError
 
@@ -48,12 +48,7 @@ def rerun_command(
     refresh: Annotated[
         bool, typer.Option("--refresh", help="Recompute even the stages whose cache still holds")
     ] = False,
-    verbose: Annotated[
-        bool,
-        typer.Option(
-            "--verbose", help="Print Prefect's per-task log lines, and a traceback on failure"
-        ),
-    ] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Recompute stages of a past step into a new run dir and diff its metrics; the last line
     printed is the new run directory."""

@@ -23,6 +23,15 @@ QUIET_LOGGERS = {
 }
 
 
+#: ``--verbose`` of the commands that run flows (train, rerun)
+VerboseOption = Annotated[
+    bool,
+    typer.Option(
+        "--verbose", help="Print Prefect's per-task log lines, and a traceback on failure"
+    ),
+]
+
+
 @contextmanager
 def quiet_prefect(verbose: bool) -> Iterator[None]:
     """One line per step instead of Prefect's lines per task, unless ``verbose``; the per-run
@@ -66,12 +75,7 @@ def train_command(
             "<ppoflow.artifact_dir>/<experiment_name>-<time>",
         ),
     ] = None,
-    verbose: Annotated[
-        bool,
-        typer.Option(
-            "--verbose", help="Print Prefect's per-task log lines, and a traceback on failure"
-        ),
-    ] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Train with PPO-family RL; the last line printed is the run directory."""
     from flows.train import resolve_config, train
