@@ -80,14 +80,18 @@ class EngineSettings:
         return DTYPES[self.dtype]
 
 
+#: what a launcher (torchrun, deepspeed, a Ray rank) sets; RANK alone may be inherited from a
+#: parent ppoflow process's single rank (below), which is not a launcher
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def ensure_process_group(backend: str | None = None) -> None:
     """Initialise torch.distributed through DeepSpeed once per process (gloo on CPU, nccl on CUDA).
 
-    Under a launcher (RANK etc. set, e.g. a Ray rank) the launcher's rendezvous is used. Without
-    one this process is the only rank, and the group meets through a file store in a fresh temp
-    directory rather than a TCP port: a port picked as free can be taken (by an outgoing
-    connection's ephemeral port, say) before the store binds it, which failed runs with
-    EADDRINUSE.
+    Under a launcher (all of :data:`LAUNCHER_ENV` set, e.g. a Ray rank) its rendezvous is used.
+    Without one this process is the only rank, and the group meets through a file store in a
+    fresh temp directory rather than a TCP port (a port picked as free can be taken before the
+    store binds it, and a port in the environment may be one a parent process still holds).
     """
     import deepspeed
 
@@ -96,7 +100,7 @@ def ensure_process_group(backend: str | None = None) -> None:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     dist_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if "RANK" in os.environ:
+    if all(name in os.environ for name in LAUNCHER_ENV):
         deepspeed.init_distributed(dist_backend=dist_backend)
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
