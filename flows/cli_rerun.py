@@ -59,13 +59,8 @@ def rerun_command(
             result = rerun(
                 run_dir, step, from_stage, to_stage, overrides or [], new_run_dir, refresh
             )
-        except (ValueError, ConfigError) as err:
-            if verbose:
-                raise
-            typer.echo(f"error: {type(err).__name__}: {' '.join(str(err).split())}", err=True)
-            raise typer.Exit(code=2) from None
         except Exception as err:
-            raise fail_in_one_line(err, verbose) from None
+            raise fail_in_one_line(err, verbose, usage_errors=(ValueError, ConfigError)) from None
     typer.echo(describe(result))
     typer.echo(result.run_dir)
 

@@ -51,12 +51,15 @@ def quiet_prefect(verbose: bool) -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
-def fail_in_one_line(err: Exception, verbose: bool) -> typer.Exit:
-    """The one-line error (exit 2 for a bad config or argument, 1 otherwise); re-raise if verbose."""
+def fail_in_one_line(
+    err: Exception, verbose: bool, usage_errors: tuple[type[Exception], ...] = (ConfigError,)
+) -> typer.Exit:
+    """The one-line error (exit 2 for ``usage_errors`` — a bad config or argument — 1
+    otherwise); re-raise if verbose."""
     if verbose:
         raise err
     typer.echo(f"error: {type(err).__name__}: {' '.join(str(err).split())}", err=True)
-    return typer.Exit(code=2 if isinstance(err, ConfigError) else 1)
+    return typer.Exit(code=2 if isinstance(err, usage_errors) else 1)
 
 
 def train_command(

@@ -21,13 +21,15 @@
 
 Engines are built lazily (:class:`LazyEngines`): only a stage that actually computes touches
 one. Weight-reading stages need the weights at the start of step k: the initial model for step
-1, else the checkpoint saved after step k − 1 (``trainer.save_freq``) under the parent's
-``trainer.default_local_dir``; if it is missing the stage fails naming the checkpoint and how to
-get one. The weights fingerprints of the cache keys are the parent journal's ``weights``.
+1, else the checkpoint saved after step k − 1 (``trainer.save_freq``) under
+``trainer.default_local_dir`` (the parent's, unless an override points elsewhere); if it is
+missing the stage fails naming the checkpoint and how to get one. The weights fingerprints of
+the cache keys are the parent journal's ``weights``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -47,7 +49,7 @@ from flows.engines import (
     close_engines,
     roles_for,
 )
-from flows.run_store import RERUN_FILE, RunStore, StepJournal
+from flows.run_store import CONFIG_FILE, RERUN_FILE, RunStore, StepJournal
 from flows.step_flow import StepFlow, StepResult, run_step
 from flows.train import step_metrics
 from stages.config import PPORunConfig, apply_overrides
@@ -139,8 +141,9 @@ class LazyEngines(Mapping[str, Any]):
         close_engines(self._engines)
 
 
-def checkpoint_root(parent_cfg: PPORunConfig) -> Path:
-    return Path(parent_cfg.trainer.default_local_dir)
+def checkpoint_root(cfg: PPORunConfig) -> Path:
+    """``trainer.default_local_dir``: the parent's, unless the re-run's overrides move it."""
+    return Path(cfg.trainer.default_local_dir)
 
 
 def missing_checkpoint_error(role: str, step: int, directory: Path) -> FileNotFoundError:
@@ -156,16 +159,17 @@ def missing_checkpoint_error(role: str, step: int, directory: Path) -> FileNotFo
 
 
 def role_builder(
-    cfg: PPORunConfig, parent_cfg: PPORunConfig, role: str, step: int
+    cfg: PPORunConfig, role: str, step: int, total_steps: Callable[[], int]
 ) -> Callable[[], dict[str, Any]]:
-    """Builds ``role`` with the weights at the start of ``step`` (module docstring)."""
+    """Builds ``role`` with the weights at the start of ``step`` (module docstring);
+    ``total_steps()`` is the run's step count (the lr schedule's length)."""
 
     def build() -> dict[str, Any]:
         directory = checkpoint_dir(checkpoint_root(cfg), step - 1, role)
         restore = step > 1 and role != "ref"  # the reference policy never changes
         if restore and not directory.is_dir():
             raise missing_checkpoint_error(role, step, directory)
-        engine = build_role(cfg, role, total_training_steps(cfg))
+        engine = build_role(cfg, role, total_steps())
         try:
             if restore:
                 engine.call_all("load_checkpoint", directory=str(directory))
@@ -177,27 +181,28 @@ def role_builder(
     return build
 
 
-def total_training_steps(cfg: PPORunConfig) -> int:
-    """The run's step count (the lr schedule's length), from the config or the train set."""
+def lazy_engines(cfg: PPORunConfig, step: int) -> LazyEngines:
+    """Every engine ``cfg`` may need, none built yet; the tokenizer and the train set (for the
+    step count) are read at most once, and only when an engine is built."""
     from flows.train import load_datasets
     from stages.data import load_tokenizer
 
-    if cfg.trainer.total_training_steps:
-        return int(cfg.trainer.total_training_steps)
-    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path)
-    train_set, _ = load_datasets(cfg, tokenizer)
-    return cfg.resolve_total_training_steps(len(train_set))
+    @functools.cache
+    def tokenizer() -> Any:
+        return load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path)
 
-
-def lazy_engines(cfg: PPORunConfig, parent_cfg: PPORunConfig, step: int) -> LazyEngines:
-    """Every engine ``cfg`` may need, none built yet."""
-    from stages.data import load_tokenizer
+    @functools.cache
+    def total_steps() -> int:
+        if cfg.trainer.total_training_steps:
+            return int(cfg.trainer.total_training_steps)
+        train_set, _ = load_datasets(cfg, tokenizer())
+        return cfg.resolve_total_training_steps(len(train_set))
 
     def reward() -> dict[str, Any]:
-        return build_reward(cfg, load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path))
+        return build_reward(cfg, tokenizer())
 
     builders: dict[str, Callable[[], dict[str, Any]]] = {
-        role: role_builder(cfg, parent_cfg, role, step) for role in roles_for(cfg)
+        role: role_builder(cfg, role, step, total_steps) for role in roles_for(cfg)
     }
     builders.update({LOOP_ENGINE: reward, MODEL_ENGINE: reward})
     return LazyEngines(builders)
@@ -253,6 +258,17 @@ def _same(a: float | None, b: float | None) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
+def compared_names(
+    before: Mapping[str, float], after: Mapping[str, float], include_timing: bool = False
+) -> list[str]:
+    """The metric names a diff compares: both sides' names, sorted, wall-time ones only with
+    ``include_timing``."""
+    names = sorted(set(before) | set(after))
+    if include_timing:
+        return names
+    return [name for name in names if not name.startswith(TIMING_PREFIXES)]
+
+
 def metric_diff(
     before: Mapping[str, float], after: Mapping[str, float], include_timing: bool = False
 ) -> list[MetricChange]:
@@ -263,9 +279,7 @@ def metric_diff(
     ...                               {"a": 1.0, "b": 3.0, "c": 0.0, "timing_s/gen": 2.0})]
     ['b', 'c']
     """
-    names = sorted(set(before) | set(after))
-    if not include_timing:
-        names = [name for name in names if not name.startswith(TIMING_PREFIXES)]
+    names = compared_names(before, after, include_timing)
     changes = [MetricChange(name, before.get(name), after.get(name)) for name in names]
     return [change for change in changes if not _same(change.before, change.after)]
 
@@ -328,7 +342,7 @@ def parent_step(parent: RunStore, step: int) -> StepJournal:
 def open_branch(parent: RunStore, cfg: PPORunConfig, new_dir: str, info: dict) -> RunStore:
     """The new run dir: config, ``rerun.json``, and a copy of the parent's cache records."""
     store = RunStore(new_dir)
-    if store.steps() or store.exists(RERUN_FILE) or store.exists("config.json"):
+    if store.steps() or store.exists(RERUN_FILE) or store.exists(CONFIG_FILE):
         raise FileExistsError(f"{store.root} already holds a run; choose another --run-dir")
     store.save_config(cfg)
     store.save_json(RERUN_FILE, info)
@@ -363,7 +377,7 @@ def _rerun(
     store = open_branch(
         parent, cfg, new_run_dir or default_rerun_dir(parent.root, step, from_stage), info
     )
-    engines = lazy_engines(cfg, parent_cfg, step)
+    engines = lazy_engines(cfg, step)
     try:
         result = run_step.fn(
             stages,
@@ -383,14 +397,13 @@ def _rerun(
     if K.ADVANTAGES in result.batch.batch:
         epoch = int(journal.metrics.get("training/epoch", 0))
         metrics = step_metrics(result, cfg, step, epoch)
-    done = store.read_journal(step)
-    done.metrics, done.weights = metrics, dict(journal.weights)
-    store.write_journal(done)
+    result.journal.metrics, result.journal.weights = metrics, dict(journal.weights)
+    store.write_journal(result.journal)
     original = dict(journal.metrics)
     if (to_stage or METRICS_STAGE) != METRICS_STAGE:  # stages after --to did not run: not a change
         original = {name: value for name, value in original.items() if name in metrics}
     changes = metric_diff(original, metrics)
-    compared = metric_diff({}, {**original, **metrics})
+
     return RerunResult(
         run_dir=store.root,
         parent_dir=parent.root,
@@ -398,7 +411,7 @@ def _rerun(
         result=result,
         metrics=metrics,
         changes=changes,
-        unchanged=len(compared) - len(changes),
+        unchanged=len(compared_names(original, metrics)) - len(changes),
         engines_built=list(engines.built),
     )
 

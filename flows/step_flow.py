@@ -39,11 +39,14 @@ WeightsFingerprints = Mapping[str, str] | Callable[[Stage], str] | None
 
 @dataclass
 class StepResult:
-    """The step's final batch, its metrics (stage metrics + ``timing_s/*``) and stage records."""
+    """The step's final batch, its metrics (stage metrics + ``timing_s/*``) and stage records;
+    ``journal`` is the step's journal as last written (a caller that adds to it rewrites it
+    without reading it back)."""
 
     batch: DataProto
     metrics: dict[str, float]
     records: list[StageRecord]
+    journal: StepJournal | None = None
 
 
 def describe_parameter(value: Any) -> Any:
@@ -199,7 +202,7 @@ def _run_step(
     metrics["timing_s/step"] = perf_counter() - start
     journal.status, journal.metrics, journal.stages = "done", metrics, _ordered(stages, records)
     store.write_journal(journal)
-    return StepResult(batch=batch, metrics=metrics, records=journal.stages)
+    return StepResult(batch=batch, metrics=metrics, records=journal.stages, journal=journal)
 
 
 run_step = StepFlow(

@@ -261,9 +261,8 @@ def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRe
     if run.kl_ctrl is not None:
         run.kl_ctrl.update(current_kl=result.metrics[KL_METRIC], n_steps=len(result.batch))
     metrics = step_metrics(result, cfg, step, epoch)
-    journal = run.store.read_journal(step)
-    journal.metrics, journal.weights = metrics, weights_at_start
-    run.store.write_journal(journal)
+    result.journal.metrics, result.journal.weights = metrics, weights_at_start
+    run.store.write_journal(result.journal)
     return metrics, result.records
 
 
@@ -323,7 +322,6 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
         if cfg.trainer.val_before_train:
             result.val_before, val_metrics = run_validation(run, run.start_step - 1)
             run.log(val_metrics, run.start_step - 1)
-            result.before_training = {"training/global_step": float(run.start_step - 1)}
             result.before_training.update(val_metrics)
         last = run.start_step - 1 if cfg.trainer.val_only else run.total_steps
         for step in range(run.start_step, last + 1):
