@@ -150,13 +150,14 @@ def build_rank_worker(
     if workdir is not None and os.path.isdir(workdir):
         os.chdir(workdir)
     seed = config.trainer.seed
-    _seed_rngs(seed)
+    seed_everything(seed)
     worker = new_worker(role, config, total_training_steps)
-    _seed_rngs(seed + int(os.environ.get("RANK", "0")))
+    seed_everything(seed + int(os.environ.get("RANK", "0")))
     return worker
 
 
-def _seed_rngs(seed: int) -> None:
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global RNGs."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

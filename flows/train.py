@@ -30,14 +30,10 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-
-import numpy as np
-import torch
 
 from dataproto import DataProto
 from dataproto import keys as K
@@ -48,7 +44,7 @@ from flows.checkpoints import (
     resume_step,
     save_run_checkpoint,
 )
-from flows.engines import WeightsLineage, build_engines, close_engines
+from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
 from flows.mlflow_logger import MLflowLogger
 from flows.progress import SCORE, Progress
 from flows.publisher import Publisher
@@ -111,12 +107,6 @@ def check_supported(cfg: PPORunConfig) -> None:
             "algorithm.adv_estimator=remax needs a greedy baseline rollout, which the PPO step "
             "does not produce yet; choose another estimator"
         )
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def load_datasets(cfg: PPORunConfig, tokenizer: Any) -> tuple[Any, Any]:
