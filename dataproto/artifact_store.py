@@ -14,7 +14,7 @@ import uuid
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from dataproto.fingerprint import digest_file, digest_stream
+from dataproto.fingerprint import DEFAULT_DIGEST, Digest, digest_file, digest_stream
 
 MANIFEST = "manifest.json"
 
@@ -59,12 +59,12 @@ class Store:
                 return handle.read()
         return self.fs.cat_file(self.path(name))
 
-    def hash_file(self, name: str) -> str:
-        """The file digest (dataproto/fingerprint.py) of ``name``, chunks hashed in parallel."""
+    def hash_file(self, name: str, digest: Digest = DEFAULT_DIGEST) -> str:
+        """The file digest ``digest`` (dataproto/fingerprint.py) of ``name``, hashed in parallel."""
         if self.is_local:
-            return digest_file(self.path(name))[0]
+            return digest_file(self.path(name), digest)[0]
         with self.fs.open(self.path(name), "rb") as handle:
-            return digest_stream(handle)[0]
+            return digest_stream(handle, digest)[0]
 
     def temp_root(self) -> str:
         parent, base = self.root.rsplit("/", 1) if "/" in self.root else ("", self.root)

@@ -83,7 +83,7 @@ def _manifest_lines(path: str, manifest: dict[str, Any]) -> list[str]:
     lines = [
         f"artifact     {path}",
         f"format       {manifest['format']} v{manifest['format_version']}",
-        f"fingerprint  {manifest['fingerprint']}",
+        f"fingerprint  {manifest['fingerprint']} (sha256; files: {manifest['digest']})",
         f"rows         {manifest['rows']}",
         f"bytes        {manifest['nbytes']} in {len(manifest['files'])} files",
     ]

@@ -33,6 +33,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from dataproto.artifact import ArtifactRef, save_artifact
+from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from flows.cache_keys import jsonable
 
 Status = Literal["ran", "cached", "skipped"]
@@ -293,9 +294,12 @@ class RunStore:
         """Whether ``<root>/<name>`` exists."""
         return bool(self.fs.exists(self._fs_path(f"{self.root}/{name}")))
 
-    def save_input(self, step: int, batch: Any) -> ArtifactRef:
-        """Write the step's input batch as the artifact ``step_<k>/input`` (replacing one there)."""
-        return save_artifact(batch, self.input_path(step), stage=INPUT_NAME, overwrite=True)
+    def save_input(self, step: int, batch: Any, digest: Digest = DEFAULT_DIGEST) -> ArtifactRef:
+        """Write the step's input batch as the artifact ``step_<k>/input`` (replacing one there)
+        with file digest ``digest`` (dataproto/fingerprint.py)."""
+        return save_artifact(
+            batch, self.input_path(step), stage=INPUT_NAME, overwrite=True, digest=digest
+        )
 
     def write_journal(self, journal: StepJournal) -> str:
         url = f"{self.step_dir(journal.step)}/{JOURNAL_FILE}"

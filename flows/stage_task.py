@@ -42,8 +42,14 @@ from dataproto.artifact import (
     read_manifest,
     save_artifact,
 )
+from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from dataproto.protocol import DataProto
-from flows.cache_keys import artifact_key_fingerprints, config_slice, stage_cache_key
+from flows.cache_keys import (
+    artifact_key_fingerprints,
+    config_slice,
+    config_value,
+    stage_cache_key,
+)
 from flows.dag import batch_keys
 from flows.run_store import RunStore, StageRecord, decode_metrics, encode_metrics
 from stages.stage import KeyRef, Stage, StageContext
@@ -111,6 +117,15 @@ def check_delta(stage: Stage, delta: Any, rows: int) -> None:
         )
 
 
+def artifact_digest(config: Any) -> Digest:
+    """The file digest a run's artifacts use, ``ppoflow.artifact_digest``; the default
+    (``sha256_tree``) for a config without that key, such as a stage test's plain dict."""
+    try:
+        return config_value(config, "ppoflow.artifact_digest")
+    except KeyError:
+        return DEFAULT_DIGEST
+
+
 def compute_stage(
     stage: Stage,
     inputs: DataProto,
@@ -143,6 +158,7 @@ def compute_stage(
         config=config_slice(ctx.config, stage.config_keys),
         extra=extra,
         overwrite=True,
+        digest=artifact_digest(ctx.config),
     )
     if sink is not None:
         sink.update(delta=delta, metrics=decode_metrics(extra["metrics"]))

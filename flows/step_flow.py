@@ -31,7 +31,7 @@ from dataproto.protocol import DataProto
 from flows.cache_keys import artifact_key_fingerprints, reordered_fingerprints
 from flows.dag import StepPlan, batch_keys, plan_step
 from flows.run_store import RunStore, StageRecord, StepJournal
-from flows.stage_task import reuse_stage, run_stage, timer_name
+from flows.stage_task import artifact_digest, reuse_stage, run_stage, timer_name
 from stages.stage import KeyRef, Stage, StageContext, tensor
 
 WeightsFingerprints = Mapping[str, str] | Callable[[Stage], str] | None
@@ -167,7 +167,7 @@ def _run_step(
     start = perf_counter()
     plan = plan_step(stages, ctx.config, batch_keys(batch), step=step)
     _check_weights(plan, weights_fingerprints)
-    input_ref = store.save_input(step, batch)
+    input_ref = store.save_input(step, batch, artifact_digest(ctx.config))
     fingerprints = artifact_key_fingerprints(input_ref.fingerprint, batch_keys(batch))
     journal = StepJournal(
         step, input_artifact=input_ref.path, input_fingerprint=input_ref.fingerprint

@@ -123,6 +123,11 @@ class PPOFlowConfig(ConfigModel):
     cache: bool = Field(
         True, description="Reuse a stage's stored output when its cache key matches (bool)"
     )
+    artifact_digest: Literal["sha256_tree", "blake3"] = Field(
+        "sha256_tree",
+        description="File digest of the stage artifacts: sha256_tree, or blake3 (about half the "
+        "CPU per byte, for large batches) (choice)",
+    )
     workers: WorkersConfig = Field(
         default_factory=WorkersConfig, description="Engine rank placement (section)"
     )

@@ -174,7 +174,9 @@ def test_lazy_load_maps_tensors_without_hashing_or_reading(tmp_path, monkeypatch
     hashed = []
     original = artifact.Store.hash_file
     monkeypatch.setattr(
-        artifact.Store, "hash_file", lambda self, name: hashed.append(name) or original(self, name)
+        artifact.Store,
+        "hash_file",
+        lambda self, name, digest: hashed.append(name) or original(self, name, digest),
     )
     lazy = load_artifact(tmp_path / "big", verify="lazy")
     assert hashed == []  # tensor bytes were not hashed…
@@ -269,9 +271,9 @@ def test_flipped_byte_in_any_chunk_of_a_large_tensor_is_caught(large_art, tmp_pa
     }[where]
     verify_artifact(art)
     _flip(art / "tensors.safetensors", offset)
-    with pytest.raises(ArtifactError, match=r"tensors\.safetensors: sha256 tree digest"):
+    with pytest.raises(ArtifactError, match=r"tensors\.safetensors: sha256_tree digest"):
         load_artifact(art)
-    with pytest.raises(ArtifactError, match=r"tensors\.safetensors: sha256 tree digest"):
+    with pytest.raises(ArtifactError, match=r"tensors\.safetensors: sha256_tree digest"):
         verify_artifact(art)
 
 
@@ -296,7 +298,7 @@ def test_large_artifact_in_memory_store_is_verified(large_art):
     raw = bytearray(fs.cat_file(name))
     raw[len(raw) // 2] ^= 0x10
     fs.pipe_file(name, bytes(raw))
-    with pytest.raises(ArtifactError, match=r"memory://.*tensors\.safetensors: sha256 tree"):
+    with pytest.raises(ArtifactError, match=r"memory://.*tensors\.safetensors: sha256_tree digest"):
         load_artifact(url, verify="lazy")
-    with pytest.raises(ArtifactError, match=r"memory://.*tensors\.safetensors: sha256 tree"):
+    with pytest.raises(ArtifactError, match=r"memory://.*tensors\.safetensors: sha256_tree digest"):
         verify_artifact(url)

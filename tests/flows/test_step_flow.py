@@ -153,3 +153,33 @@ def test_a_failing_stage_stops_the_step_with_its_own_error(
         ("double", "ran"),
         ("critic", "skipped"),
     ]
+
+
+def test_ppoflow_artifact_digest_blake3_writes_every_artifact_with_it(
+    first_run, tmp_path, toy_stages, toy_batch, toy_ctx
+):
+    from pydantic import BaseModel
+
+    class PPOFlowSection(BaseModel):
+        artifact_digest: str = "blake3"
+
+    config = toy_ctx.config.model_copy(update={"ppoflow": PPOFlowSection()})
+    store = RunStore(tmp_path / "blake3-run", cache_dir=tmp_path / "blake3-cache")
+    result = run_step(
+        toy_stages,
+        toy_batch,
+        replace(toy_ctx, config=config),
+        store,
+        1,
+        weights_fingerprints=WEIGHTS,
+    )
+    sha_store, sha_result = first_run
+    assert read_manifest(store.input_path(1))["digest"] == "blake3"
+    assert read_manifest(sha_store.input_path(1))["digest"] == "sha256_tree"
+    for name in ENABLED:
+        assert read_manifest(store.artifact_path(1, name))["digest"] == "blake3"
+    assert torch.equal(result.batch.batch["s"], sha_result.batch.batch["s"])  # same content…
+    fingerprints = {r.stage: r.fingerprint for r in result.records if r.fingerprint}
+    sha_fingerprints = {r.stage: r.fingerprint for r in sha_result.records if r.fingerprint}
+    assert fingerprints.keys() == sha_fingerprints.keys() == set(ENABLED)
+    assert all(fingerprints[s] != sha_fingerprints[s] for s in ENABLED)  # …other digests
