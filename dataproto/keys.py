@@ -22,6 +22,8 @@ ADVANTAGES = "advantages"  # (B, R) float32
 RETURNS = "returns"  # (B, R) float32
 SEQ_SCORES = "seq_scores"  # (B,) float32: each row's scalar score, aborted rows included
 REWARD_BASELINES = "reward_baselines"  # (B,) float32: ReMax greedy-sample reward
+BASELINE_RESPONSES = "baseline_responses"  # (B, R) int64: ReMax greedy response of the row's prompt
+BASELINE_RESPONSE_MASK = "baseline_response_mask"  # (B, R) int64 {0,1}: its response mask
 ENTROPYS = "entropys"  # (B, R) float32: per-token entropy (dropped after old_log_prob)
 PROMPT_LENGTH = "prompt_length"  # (B,) int64, optional: precomputed valid prompt lengths
 RESPONSE_LENGTH = "response_length"  # (B,) int64, optional: precomputed valid response lengths
@@ -69,6 +71,8 @@ RESPONSE_TOKEN_KEYS = frozenset(
         ADVANTAGES,
         RETURNS,
         ENTROPYS,
+        BASELINE_RESPONSES,
+        BASELINE_RESPONSE_MASK,
     }
 )
 #: keys whose dim 1 is the full-sequence token axis (T) or the prompt axis (P)

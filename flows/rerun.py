@@ -80,7 +80,7 @@ def stage_window(from_stage: str, to_stage: str | None) -> tuple[tuple[Stage, ..
 
     >>> stages, before = stage_window("advantage", "advantage")
     >>> [s.name for s in stages][-1], before[:2]
-    ('advantage', ['rollout', 'balance'])
+    ('advantage', ['rollout', 'baseline_rollout'])
     """
     check_stage_name(from_stage, "--from")
     to_stage = check_stage_name(to_stage or METRICS_STAGE, "--to")

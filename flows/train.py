@@ -100,15 +100,6 @@ def default_run_dir(cfg: PPORunConfig) -> str:
     return f"{cfg.ppoflow.artifact_dir.rstrip('/')}/{cfg.trainer.experiment_name}-{stamp}"
 
 
-def check_supported(cfg: PPORunConfig) -> None:
-    """Fail before any work on settings this flow does not implement (named, with the fix)."""
-    if cfg.algorithm.adv_estimator == "remax":
-        raise NotImplementedError(
-            "algorithm.adv_estimator=remax needs a greedy baseline rollout, which the PPO step "
-            "does not produce yet; choose another estimator"
-        )
-
-
 def load_datasets(cfg: PPORunConfig, tokenizer: Any) -> tuple[Any, Any]:
     """(train, validation) ``PromptDataset`` from data.train_files / data.val_files."""
     options = dict(
@@ -153,7 +144,6 @@ class TrainRun:
 
 def open_run(cfg: PPORunConfig, run_dir: str | None) -> TrainRun:
     """Steps 1–3 of the module docstring (engines and MLflow opened last)."""
-    check_supported(cfg)
     seed_everything(cfg.trainer.seed)
     store = RunStore(run_dir or default_run_dir(cfg))
     store.save_config(cfg)

@@ -2,7 +2,8 @@
 
 requires: ``rm_scores`` / ``response_mask`` (B, R), ``uid`` (B,).
 optional: ``old_log_probs`` / ``ref_log_prob`` (B, R) and ``meta_info.kl_coef`` (KL in reward),
-``values`` (B, R) (gae), ``reward_baselines`` (B,) (remax).
+``values`` (B, R) (gae), ``reward_baselines`` (B,) (remax: the baseline_reward stage's scores of
+the greedy responses; without them the remax estimator fails naming the key).
 produces: ``token_level_scores``, ``token_level_rewards``, ``advantages``, ``returns`` (B, R).
 
 1. token_level_scores = rm_scores.

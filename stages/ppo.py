@@ -9,6 +9,10 @@ The reward stage is ``stages.reward.stage.REWARD_STAGE`` with two additions: the
 ``extra_info`` / ``__num_turns__`` are passed to it when the batch holds them (the scorers read
 ``extra_info``), and the reward extras it returns (e.g. ``acc``, ``pred``) are accepted as
 run-time-named non-tensor keys.
+
+With ``algorithm.adv_estimator: remax`` two more stages run: ``baseline_rollout`` after the
+rollout (one greedy response per prompt) and ``baseline_reward`` after the reward (its score,
+``reward_baselines``); both are skipped for every other estimator.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from stages.advantage import ADVANTAGE_STAGE
 from stages.balance import BALANCE_STAGE
 from stages.old_log_prob import OLD_LOG_PROB_STAGE
 from stages.ref_log_prob import REF_LOG_PROB_STAGE
+from stages.reward.baseline import BASELINE_REWARD_STAGE
 from stages.reward.stage import REWARD_STAGE
-from stages.rollout import PROMPT_KEYS, ROLLOUT_STAGE
+from stages.rollout import BASELINE_ROLLOUT_STAGE, PROMPT_KEYS, ROLLOUT_STAGE
 from stages.stage import Stage, non_tensor
 from stages.update_actor import UPDATE_ACTOR_STAGE
 from stages.update_critic import UPDATE_CRITIC_STAGE
@@ -40,8 +45,10 @@ PPO_REWARD_STAGE = replace(
 
 PPO_STAGES: tuple[Stage, ...] = (
     ROLLOUT_STAGE,
+    BASELINE_ROLLOUT_STAGE,
     BALANCE_STAGE,
     PPO_REWARD_STAGE,
+    BASELINE_REWARD_STAGE,
     OLD_LOG_PROB_STAGE,
     REF_LOG_PROB_STAGE,
     VALUES_STAGE,

@@ -11,16 +11,31 @@ The actor engine generates (``generate_sequences``). With ``rollout.name: hf`` t
 actor's vLLM engine, to which the actor sends its weights after each update (and after loading a
 checkpoint) before the next rollout. Sampling settings come from ``actor_rollout_ref.rollout.*``.
 The stage reads the actor's weights, writes none, and is idempotent, so the flow may retry it.
+
+Stage 1b, baseline_rollout (only with ``algorithm.adv_estimator: remax``): ReMax's greedy
+baseline. One greedy (``do_sample=False``) response per prompt group — the rows sharing a ``uid``,
+which :func:`stages.ppo.make_step_input` made from one prompt — repeated to every row of the group.
+
+requires: ``prompt_*`` (B, P), ``uid`` (B,).
+produces: ``baseline_responses`` / ``baseline_response_mask`` (B, R), equal on the rows of a group.
+
+The baseline_reward stage (``stages.reward.baseline``) scores it into ``reward_baselines``. verl
+0.9.1 appends the greedy copies to the sampled request; here they are a second call of the actor
+with the same weights (``generate_sequences(greedy=True)``), in a stage of their own, so the
+rollout's declaration and cache key stay those of every other estimator.
 """
 
 from __future__ import annotations
 
+import numpy as np
+import torch
 from tensordict import TensorDict
+from torch import Tensor
 
 from dataproto import DataProto
 from dataproto import keys as K
 from stages.engine_calls import call_engine
-from stages.stage import Stage, StageContext, tensor
+from stages.stage import Stage, StageContext, non_tensor, tensor
 
 #: the rollout's output keys (what the engine returns and the stage keeps)
 ROLLOUT_KEYS = (
@@ -75,6 +90,99 @@ ROLLOUT_STAGE = Stage(
         "actor_rollout_ref.rollout.top_p",
         "actor_rollout_ref.rollout.top_k",
         "actor_rollout_ref.rollout.do_sample",
+        "actor_rollout_ref.rollout.response_length",
+    ),
+    reads_weights=True,
+    engine="actor",
+)
+
+
+# --- ReMax's greedy baseline --------------------------------------------------------------------
+
+#: the baseline rollout's output keys
+BASELINE_KEYS = (K.BASELINE_RESPONSES, K.BASELINE_RESPONSE_MASK)
+
+
+def needs_greedy_baseline(config) -> bool:
+    """Whether the step generates ReMax's greedy baseline (``algorithm.adv_estimator: remax``)."""
+    return config.algorithm.adv_estimator == "remax"
+
+
+def prompt_groups(uid: np.ndarray) -> tuple[Tensor, Tensor]:
+    """The prompt groups of a batch: rows that share a ``uid``, in order of first appearance.
+
+    Args:
+        uid: (B,) group ids.
+
+    Returns:
+        first_rows: (G,) int64, the first row of each group (G = number of distinct uids).
+        group_of_row: (B,) int64, each row's group, so ``x[first_rows][group_of_row]`` repeats
+            a per-group value to every row of its group.
+
+    Example:
+        >>> first, group = prompt_groups(np.array(["b", "b", "a", "b", "a"], dtype=object))
+        >>> first.tolist(), group.tolist()
+        ([0, 2], [0, 0, 1, 0, 1])
+    """
+    _, first, inverse = np.unique(uid, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # groups by first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return torch.from_numpy(first[order]).long(), torch.from_numpy(rank[inverse]).long()
+
+
+def check_same_prompt(batch: DataProto, first_rows: Tensor, group_of_row: Tensor) -> None:
+    """Raise ``ValueError`` unless every row holds its group's prompt (same ids and mask): one
+    greedy response per uid is only a baseline for rows that share the prompt."""
+    for name in (K.PROMPT_INPUT_IDS, K.PROMPT_ATTENTION_MASK):
+        rows = batch.batch[name]  # (B, P)
+        differs = (rows != rows[first_rows][group_of_row]).any(dim=-1)  # (B,)
+        if bool(differs.any()):
+            row = int(differs.nonzero()[0, 0])
+            raise ValueError(
+                f"rows {int(first_rows[group_of_row[row]])} and {row} share uid "
+                f"{batch.non_tensor_batch[K.UID][row]!r} but differ in {name!r}; a uid must name "
+                "one prompt (stages.ppo.make_step_input repeats each prompt under one uid)"
+            )
+
+
+def baseline_rollout_fn(batch: DataProto, ctx: StageContext) -> DataProto:
+    """requires: prompt_* (B, P), uid (B,); produces: :data:`BASELINE_KEYS` (B, R).
+
+    Generates G greedy responses (one per prompt group) and repeats each to its group's rows.
+    """
+    first_rows, group_of_row = prompt_groups(batch.non_tensor_batch[K.UID])
+    check_same_prompt(batch, first_rows, group_of_row)
+    prompts = generation_prompts(batch)
+    greedy_input = DataProto(
+        batch=prompts.batch[first_rows], non_tensor_batch={}, meta_info={}
+    )  # (G, P)
+    out, metrics = call_engine(
+        ctx, "actor", "generate_sequences", greedy_input, validate=False, greedy=True
+    )
+    ctx.metrics.update(metrics)
+    if len(out) != len(first_rows):
+        raise ValueError(
+            f"the actor's greedy generate_sequences returned {len(out)} rows for "
+            f"{len(first_rows)} prompts"
+        )
+    return DataProto.from_dict(
+        {
+            K.BASELINE_RESPONSES: out.batch[K.RESPONSES][group_of_row],  # (B, R)
+            K.BASELINE_RESPONSE_MASK: out.batch[K.RESPONSE_MASK][group_of_row],  # (B, R)
+        }
+    )
+
+
+BASELINE_ROLLOUT_STAGE = Stage(
+    name="baseline_rollout",
+    version=1,
+    requires=(*(tensor(name) for name in PROMPT_KEYS), non_tensor(K.UID)),
+    produces=tuple(tensor(name) for name in BASELINE_KEYS),
+    fn=baseline_rollout_fn,
+    when=needs_greedy_baseline,
+    config_keys=(
+        "actor_rollout_ref.rollout.name",
         "actor_rollout_ref.rollout.response_length",
     ),
     reads_weights=True,

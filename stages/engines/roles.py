@@ -55,18 +55,26 @@ def log_prob_micro_batching(cfg: Any) -> MicroBatching:
     )
 
 
-def sampling_settings(config: Any, tokenizer: Any, *, validate: bool) -> SamplingSettings:
-    """Rollout sampling from rollout.* (training) or rollout.val_kwargs.* (validation)."""
+def sampling_settings(
+    config: Any, tokenizer: Any, *, validate: bool, greedy: bool = False
+) -> SamplingSettings:
+    """Rollout sampling from rollout.* (training) or rollout.val_kwargs.* (validation).
+
+    ``greedy=True`` decodes greedily whatever the config says (``do_sample=False``, temperature 1,
+    no top-k / top-p: vLLM gets ``temperature=0``), with the same response length: ReMax's
+    baseline rollout (verl's ``do_sample=False`` request).
+    """
     rollout = config.actor_rollout_ref.rollout
     source = rollout.val_kwargs if validate else rollout
+    do_sample = source.do_sample and not greedy
     return SamplingSettings(
         response_length=rollout.response_length,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        temperature=source.temperature if source.do_sample else 1.0,
-        top_p=source.top_p,
-        top_k=source.top_k,
-        do_sample=source.do_sample,
+        temperature=source.temperature if do_sample else 1.0,
+        top_p=source.top_p if do_sample else 1.0,
+        top_k=source.top_k if do_sample else -1,
+        do_sample=do_sample,
         max_batch_rows=rollout.max_num_seqs,
     )
 
@@ -204,10 +212,15 @@ class ActorWorker(_CheckpointMixin):
         self.vllm_is_stale = True
         return super().load_checkpoint(directory)
 
-    def generate_sequences(self, prompts: DataProto, validate: bool = False) -> DataProto:
+    def generate_sequences(
+        self, prompts: DataProto, validate: bool = False, greedy: bool = False
+    ) -> DataProto:
         """One response per prompt row (``rollout_hf``'s layout): HF ``generate`` on the actor's
-        module, or with ``rollout.name: vllm`` the vLLM engine (:meth:`vllm_rollout`)."""
-        settings = sampling_settings(self.config, self.tokenizer, validate=validate)
+        module, or with ``rollout.name: vllm`` the vLLM engine (:meth:`vllm_rollout`).
+
+        ``validate``: sample with rollout.val_kwargs.*; ``greedy``: decode greedily (ReMax's
+        baseline; see :func:`sampling_settings`)."""
+        settings = sampling_settings(self.config, self.tokenizer, validate=validate, greedy=greedy)
         rollout = self.config.actor_rollout_ref.rollout
         if rollout.name == "vllm":
             out = self.vllm_rollout().generate_sequences(on_host(prompts), settings)

@@ -366,6 +366,12 @@ _ENTRIES = [
         "reward stage",
     ),
     (
+        "reward/baseline_mean",
+        "ReMax only: mean of the baselines, the sequence scores of the prompts' greedy responses (Σ_t rm_scores; 0 for an empty response), scored by the same reward route as the samples.",
+        "prompt groups (uids) of the step, each greedy response once",
+        "baseline_reward stage",
+    ),
+    (
         "reward_model/score_mean",
         "Mean reward-model score (the value head at the last valid token) of the scored rows.",
         "real (non-padding) rows scored by the reward model",
@@ -428,6 +434,7 @@ STEP_METRICS = {
     "reference": ("timing_s/ref", "timing_per_token_ms/ref"),
     "kl_in_reward": ("actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"),
     "kl_loss": ("actor/kl_loss", "actor/kl_coef"),
+    "remax": ("timing_s/baseline_rollout", "timing_s/baseline_reward", "reward/baseline_mean"),
 }
 _WORD_LIST = re.compile(r"[A-Za-z0-9_]+(?:\|[A-Za-z0-9_]+)*")
 
@@ -466,12 +473,14 @@ def step_metric_names(
     use_kl_in_reward: bool,
     use_kl_loss: bool,
     updates_actor: bool = True,
+    remax: bool = False,
 ) -> list[str]:
     """The names a PPO step with these settings logs every step (:data:`STEP_METRICS`).
 
     The flags are the config's (``cfg.derived.use_critic``, ``cfg.derived.use_reference_policy``,
     ``trainer.balance_batch``, ``algorithm.use_kl_in_reward``, ``actor.use_kl_loss``);
-    ``updates_actor`` is False for the steps before ``trainer.critic_warmup``. Multi-turn and
+    ``updates_actor`` is False for the steps before ``trainer.critic_warmup``; ``remax`` is
+    ``algorithm.adv_estimator == "remax"`` (its baseline stages run). Multi-turn and
     tool-call statistics, validation and MFU metrics are not every-step metrics and are not listed.
 
     Example:
@@ -488,6 +497,7 @@ def step_metric_names(
         "reference": use_reference_policy,
         "kl_in_reward": use_kl_in_reward,
         "kl_loss": use_kl_loss and updates_actor,
+        "remax": remax,
     }
     return [
         name

@@ -28,6 +28,7 @@ _EXPORTS = {
     "RewardSettings": "stages.reward.settings",
     "settings_from_config": "stages.reward.settings",
     "REWARD_STAGE": "stages.reward.stage",
+    "BASELINE_REWARD_STAGE": "stages.reward.baseline",
     "build_reward_engines": "stages.reward.stage",
     "close_reward_engines": "stages.reward.stage",
     "compute_reward": "stages.reward.stage",

@@ -72,6 +72,7 @@ CONFIG_KEYS = (
     "reward.reward_model.model_path",
     "reward.reward_model.micro_batch_size_per_gpu",
     "reward.reward_model.trust_remote_code",
+    "reward.reward_model.combine",
 )
 
 

@@ -18,13 +18,13 @@ from flows.run_store import RunStore, StepJournal
 
 def test_window_reuses_every_stage_before_from():
     stages, before = stage_window("old_log_prob", None)
-    assert before == ["rollout", "balance", "reward"]
+    assert before == ["rollout", "baseline_rollout", "balance", "reward", "baseline_reward"]
     assert [s.name for s in stages][-1] == "update_actor"  # --to defaults to the end (metrics)
 
 
 def test_window_to_cuts_the_plan():
     stages, _ = stage_window("reward", "reward")
-    assert [s.name for s in stages] == ["rollout", "balance", "reward"]
+    assert [s.name for s in stages] == ["rollout", "baseline_rollout", "balance", "reward"]
 
 
 @pytest.mark.parametrize(

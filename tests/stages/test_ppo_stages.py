@@ -268,7 +268,9 @@ def test_grpo_plan_skips_reference_and_critic(make_config):
         "advantage",
         "update_actor",
     ]
-    assert set(plan.skipped) == {"ref_log_prob", "values", "update_critic"}
+    assert set(plan.skipped) == {
+        "baseline_rollout", "baseline_reward", "ref_log_prob", "values", "update_critic"
+    }  # fmt: skip
 
 
 def test_ppo_plan_with_critic_and_kl(make_config):
