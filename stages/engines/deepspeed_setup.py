@@ -92,11 +92,16 @@ def ensure_process_group(backend: str | None = None) -> None:
     Without one this process is the only rank, and the group meets through a file store in a
     fresh temp directory rather than a TCP port (a port picked as free can be taken before the
     store binds it, and a port in the environment may be one a parent process still holds).
+
+    A process may start a second world after the first was torn down (a second run in one
+    process, after vLLM's clean-up destroyed the first): DeepSpeed's handles on the old world's
+    groups are dropped first (:func:`_forget_deepspeed_groups`).
     """
     import deepspeed
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
+    _forget_deepspeed_groups()
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     dist_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -112,6 +117,24 @@ def ensure_process_group(backend: str | None = None) -> None:
         rank=0,
         world_size=1,
     )
+
+
+def _forget_deepspeed_groups() -> None:
+    """Drop DeepSpeed's cached process-group handles; call only when no world is initialised.
+
+    DeepSpeed keeps module-wide handles (a clone of the world group, data-parallel groups, …) and
+    drops them only in its own ``destroy_process_group``. A world torn down by
+    ``torch.distributed.destroy_process_group`` directly (vLLM's ``cleanup_dist_env_and_memory``
+    does) leaves them pointing at dead groups, and the next engine's first broadcast fails with
+    "Group … is not registered". With no world initialised every such handle is stale.
+    """
+    from deepspeed.utils import groups
+
+    release = getattr(groups, "_release_process_group_references", None)
+    if release is not None:  # what DeepSpeed's own destroy_process_group calls (0.19)
+        release()
+    else:
+        groups._WORLD_GROUP = None
 
 
 def deepspeed_config(

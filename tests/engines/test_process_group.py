@@ -30,3 +30,36 @@ def test_a_parent_single_ranks_variables_are_not_a_launcher():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "1 0"
+
+
+REBUILD_SCRIPT = """
+import torch
+import deepspeed
+from stages.engines.deepspeed_setup import ensure_process_group
+
+def build():
+    ensure_process_group()
+    model = torch.nn.Linear(4, 4)
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}}
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    return engine
+
+build()
+torch.distributed.destroy_process_group()  # what vLLM's clean-up does, bypassing DeepSpeed
+build()
+print("rebuilt", torch.distributed.get_world_size())
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter importing DeepSpeed
+def test_an_engine_builds_after_the_world_was_destroyed_behind_deepspeeds_back():
+    """A second DeepSpeed engine in one process after torch.distributed's own
+    destroy_process_group (vLLM's clean-up): before, DeepSpeed's cached clone of the dead world
+    group made the new engine's broadcast fail with "Group ... is not registered"."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", REBUILD_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "rebuilt 1"
