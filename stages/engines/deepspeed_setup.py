@@ -97,14 +97,14 @@ def ensure_process_group(backend: str | None = None) -> None:
     process, after vLLM's clean-up destroyed the first): DeepSpeed's handles on the old world's
     groups are dropped first (:func:`_forget_deepspeed_groups`).
     """
-    import deepspeed
-
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
-    _forget_deepspeed_groups()
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available():  # before DeepSpeed is imported: it picks its accelerator then
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    dist_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    import deepspeed
+
+    _forget_deepspeed_groups()
+    dist_backend = backend or _default_backend()
     if all(name in os.environ for name in LAUNCHER_ENV):
         deepspeed.init_distributed(dist_backend=dist_backend)
         return
@@ -117,6 +117,32 @@ def ensure_process_group(backend: str | None = None) -> None:
         rank=0,
         world_size=1,
     )
+
+
+def join_process_group(
+    store: torch.distributed.Store, rank: int, world_size: int, backend: str | None = None
+) -> None:
+    """Join a world of ``world_size`` ranks through ``store``, the rendezvous store one rank
+    opened (``torch.distributed.TCPStore``); gloo on CPU, nccl on CUDA. DeepSpeed engines built
+    afterwards use this world (:func:`ensure_process_group` then leaves it as it is).
+
+    Raises:
+        RuntimeError: when this process is already in a world.
+    """
+    if torch.distributed.is_initialized():
+        raise RuntimeError(
+            f"rank {rank} is already in a torch.distributed world; a process joins one world"
+        )
+    if not torch.cuda.is_available():  # before DeepSpeed is imported: it picks its accelerator then
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _forget_deepspeed_groups()
+    torch.distributed.init_process_group(
+        backend or _default_backend(), store=store, rank=rank, world_size=world_size
+    )
+
+
+def _default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def _forget_deepspeed_groups() -> None:

@@ -6,10 +6,13 @@ with ``factory(**kwargs)``, so ``ensure_process_group`` (``deepspeed_setup``) jo
 one group (gloo on CPU, nccl on CUDA). The worker stays resident; each :meth:`RayWorkerGroup.call`
 ships one chunk of the batch to each rank and the outputs back.
 
-Rendezvous: rank 0's actor picks a free port on its own node. When every rank runs on one node
-(one machine, the usual case) MASTER_ADDR is 127.0.0.1; when the ranks span several nodes of a
-Ray cluster it is rank 0's node IP (as Ray reports it), which the other nodes must be able to reach
-on that port. LOCAL_RANK is the rank's index among the ranks on its node, or 0 when each rank holds
+Rendezvous: rank 0's actor opens a ``torch.distributed.TCPStore`` on a port the OS assigns as it
+binds (so no other process can take the port between choosing and binding it), and every rank
+joins the world through that store before its worker is built
+(``deepspeed_setup.join_process_group``); MASTER_ADDR / MASTER_PORT name it. When every rank runs
+on one node (one machine, the usual case) MASTER_ADDR is 127.0.0.1; when the ranks span several
+nodes of a Ray cluster it is rank 0's node IP (as Ray reports it), which the other nodes must be
+able to reach on that port. LOCAL_RANK is the rank's index among the ranks on its node, or 0 when each rank holds
 a GPU (Ray then restricts CUDA_VISIBLE_DEVICES to that one GPU, which is cuda:0 in the actor).
 Placement is Ray's default scheduling (no placement group): on a multi-node cluster, start the
 group on a cluster whose free resources are exactly the ranks' if they must be packed by node.
@@ -29,8 +32,8 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from dataproto import DataProto
@@ -58,29 +61,49 @@ def import_ray():
 class _RankHost:
     """One rank's actor: sets the rank's environment, builds the worker, runs its methods."""
 
-    def __init__(self, rank: int, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        factory: Callable[..., Any],
+        kwargs: dict[str, Any],
+        timeout_s: float,
+    ) -> None:
         self.rank = rank
+        self.world_size = world_size
         self._factory = factory
         self._kwargs = kwargs
+        self._timeout = timedelta(seconds=timeout_s)
+        self._store: Any = None
         self.worker: Any = None
 
     def placement(self) -> tuple[str, int]:
-        """(this node's IP as Ray sees it, a port that is free on this node now)."""
-        import ray
+        """(this node's IP as Ray sees it, the rendezvous port; 0 on ranks other than 0).
 
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        Rank 0 opens the rendezvous store here and keeps it until the group closes.
+        """
+        import ray
+        from torch.distributed import TCPStore
+
+        ip = ray.util.get_node_ip_address()
+        if self.rank != 0:
+            return ip, 0
+        self._store = TCPStore(
+            ip, 0, self.world_size, is_master=True, wait_for_workers=False, timeout=self._timeout
+        )
+        return ip, self._store.port
 
     def build(self, env: dict[str, str]) -> None:
-        """Set the launcher variables, then build the worker (which may join the process group)."""
-        os.environ.update(env)
-        if "DS_ACCELERATOR" not in os.environ:
-            import torch
+        """Set the launcher variables, join the world through rank 0's store, build the worker."""
+        from torch.distributed import TCPStore
 
-            if not torch.cuda.is_available():
-                os.environ["DS_ACCELERATOR"] = "cpu"
+        from stages.engines.deepspeed_setup import join_process_group
+
+        os.environ.update(env)
+        store = self._store or TCPStore(
+            env["MASTER_ADDR"], int(env["MASTER_PORT"]), self.world_size, timeout=self._timeout
+        )
+        join_process_group(store, self.rank, self.world_size)
         self.worker = self._factory(**self._kwargs)
 
     def call(self, method: str, batch: DataProto, kwargs: dict[str, Any]) -> Any:
@@ -221,7 +244,10 @@ class RayWorkerGroup:
         host = ray.remote(_RankHost).options(
             num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": process_env}
         )
-        self._actors = [host.remote(rank, factory, kwargs) for rank in range(self.world_size)]
+        self._actors = [
+            host.remote(rank, self.world_size, factory, kwargs, timeout)
+            for rank in range(self.world_size)
+        ]
         try:
             placements = ray.get([a.placement.remote() for a in self._actors], timeout=timeout)
         except ray.exceptions.GetTimeoutError:

@@ -134,3 +134,20 @@ def test_a_rank_left_in_a_collective_closes_the_group(ray_group):
     assert isinstance(info.value.__cause__, ValueError)
     with pytest.raises(RuntimeError, match="closed"):
         ray_group.call_all("reset", zero_stage=0, mini_batch_size=1, micro_batch_size=None)
+
+
+def test_rank_zero_holds_the_rendezvous_port_from_the_moment_it_reports_it():
+    """The port rank 0 reports is its store's, bound by then: no other process can take it
+    before the ranks meet (before: a port seen free, released, and bound again later)."""
+    import errno
+    import socket
+
+    from stages.engines.worker_group_ray import _RankHost
+
+    host = _RankHost(0, 2, dict, {}, timeout_s=30)
+    _, port = host.placement()
+    assert port > 0
+    with socket.socket() as probe, pytest.raises(OSError) as taken:
+        probe.bind(("", port))
+    assert taken.value.errno == errno.EADDRINUSE
+    assert _RankHost(1, 2, dict, {}, timeout_s=30).placement()[1] == 0
