@@ -1,9 +1,9 @@
 """The Ray worker group: one Ray actor per data-parallel rank, one torch.distributed group.
 
-Each rank is a Ray actor process (:class:`_RankHost`) that sets the launcher variables DeepSpeed
-reads — RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT — and then builds the role worker
-with ``factory(**kwargs)``, so ``ensure_process_group`` (``deepspeed_setup``) joins all ranks into
-one group (gloo on CPU, nccl on CUDA). The worker stays resident; each :meth:`RayWorkerGroup.call`
+Each rank is a Ray actor process (:class:`_RankHost`) that sets the launcher variables —
+RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT — joins the ranks' one world (gloo on CPU,
+nccl on CUDA; rendezvous below), and then builds the role worker with ``factory(**kwargs)``, whose
+DeepSpeed engines use that world. The worker stays resident; each :meth:`RayWorkerGroup.call`
 ships one chunk of the batch to each rank and the outputs back.
 
 Rendezvous: rank 0's actor opens a ``torch.distributed.TCPStore`` on a port the OS assigns as it
