@@ -41,15 +41,15 @@ import os
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, get_args
 
 CHUNK_BYTES = 4 << 20  # tree chunk size; part of the format (changing it changes every digest)
 TREE_PREFIX = b"ppoflow-sha256-tree-v1"
 
 Digest = Literal["sha256_tree", "blake3"]
-DIGESTS: tuple[Digest, ...] = ("sha256_tree", "blake3")
+DIGESTS: tuple[Digest, ...] = get_args(Digest)
 DEFAULT_DIGEST: Digest = "sha256_tree"
-_FINGERPRINT_TAG = {"sha256_tree": "", "blake3": "blake3:"}
+_FINGERPRINT_TAG: dict[Digest, str] = {"sha256_tree": "", "blake3": "blake3:"}
 
 Buffer = bytes | bytearray | memoryview
 

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from stages.config._base import ConfigModel
 
 
@@ -123,8 +124,8 @@ class PPOFlowConfig(ConfigModel):
     cache: bool = Field(
         True, description="Reuse a stage's stored output when its cache key matches (bool)"
     )
-    artifact_digest: Literal["sha256_tree", "blake3"] = Field(
-        "sha256_tree",
+    artifact_digest: Digest = Field(
+        DEFAULT_DIGEST,
         description="File digest of the stage artifacts: sha256_tree, or blake3 (about half the "
         "CPU per byte, for large batches) (choice)",
     )
