@@ -99,11 +99,9 @@ def ensure_process_group(backend: str | None = None) -> None:
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
-    if not torch.cuda.is_available():  # before DeepSpeed is imported: it picks its accelerator then
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _prepare_new_world()
     import deepspeed
 
-    _forget_deepspeed_groups()
     dist_backend = backend or _default_backend()
     if all(name in os.environ for name in LAUNCHER_ENV):
         deepspeed.init_distributed(dist_backend=dist_backend)
@@ -133,12 +131,19 @@ def join_process_group(
         raise RuntimeError(
             f"rank {rank} is already in a torch.distributed world; a process joins one world"
         )
-    if not torch.cuda.is_available():  # before DeepSpeed is imported: it picks its accelerator then
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    _forget_deepspeed_groups()
+    _prepare_new_world()
     torch.distributed.init_process_group(
         backend or _default_backend(), store=store, rank=rank, world_size=world_size
     )
+
+
+def _prepare_new_world() -> None:
+    """Before this process starts a world: DeepSpeed's accelerator set to the CPU when there is no
+    CUDA device (before DeepSpeed is first imported: it picks its accelerator then), and its
+    handles on an earlier world's groups dropped."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _forget_deepspeed_groups()
 
 
 def _default_backend() -> str:
