@@ -39,7 +39,6 @@ import psutil
 import pytest
 
 from flows.run_store import RunStore
-from stages.data import make_demo_data, make_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -174,13 +173,6 @@ def prefect_server(tmp_path: Path) -> Iterator[LocalServer]:
         stop(process)
 
 
-def make_demo_inputs(root: Path) -> Path:
-    """The demo task (32 train / 8 validation prompts) and the tiny model under ``root``."""
-    make_demo_data(root / "data", n_train=32, n_val=8)
-    make_tiny_model(root / "model")
-    return root
-
-
 def tiny_overrides(demo: Path, tmp_path: Path) -> list[str]:
     """One step of 4 prompts × 2 samples of 8 tokens, no validation or checkpoint.
 
@@ -226,7 +218,9 @@ def wait_for_end(api_url: str, flow_run_id: str, worker: subprocess.Popen, log: 
         time.sleep(2)
 
 
-def test_demo_deployment_runs_on_a_process_worker(prefect_server: LocalServer, tmp_path: Path):
+def test_demo_deployment_runs_on_a_process_worker(
+    prefect_server: LocalServer, tmp_path: Path, make_demo_inputs
+):
     demo_inputs = make_demo_inputs(tmp_path / "demo")
     prefect_server.wait_healthy()
     api_url, env = prefect_server.api_url, prefect_server.env

@@ -27,7 +27,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vll
 from dataproto.artifact import load_artifact
 from flows.run_store import RunStore
 from flows.train import train
-from stages.data import make_demo_data, make_tiny_model
 from stages.data.tiny_model import load_causal_lm
 from stages.engines.logprob import response_logprobs
 
@@ -54,11 +53,8 @@ def prefect_server():
 
 
 @pytest.fixture(scope="module")
-def demo_inputs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("demo-vllm")
-    make_demo_data(root / "data", n_train=16, n_val=4)
-    make_tiny_model(root / "model")
-    return root
+def demo_inputs(tmp_path_factory, make_demo_inputs) -> Path:
+    return make_demo_inputs(tmp_path_factory.mktemp("demo-vllm"), n_train=16, n_val=4)
 
 
 def vllm_overrides(demo: Path, tmp_path: Path) -> list[str]:

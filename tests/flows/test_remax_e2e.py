@@ -50,20 +50,28 @@ def scorer_score(text: str) -> float:
     return 0.5 + 0.1 * len(text) + (sum(map(ord, text)) % 89) / 89.0
 
 
+def remax_overrides(
+    tiny_run_overrides, demo: Path, out: Path, steps: int, *extra: str
+) -> list[str]:
+    """The tiny run's overrides for ReMax, scored by :data:`SCORER` (written to out/scorer.py)."""
+    scorer = out / "scorer.py"
+    scorer.write_text(SCORER, encoding="utf-8")
+    return tiny_run_overrides(
+        demo,
+        out,
+        steps,
+        "algorithm.adv_estimator=remax",
+        f"reward.custom_reward_function.path={scorer}",
+        "trainer.val_before_train=false",
+        *extra,
+    )
+
+
 @pytest.fixture(scope="module")
 def remax_run(tmp_path_factory, make_demo_inputs, tiny_run_overrides):
     demo = make_demo_inputs(tmp_path_factory.mktemp("demo"))
     out = tmp_path_factory.mktemp("remax")
-    scorer = out / "scorer.py"
-    scorer.write_text(SCORER, encoding="utf-8")
-    overrides = tiny_run_overrides(
-        demo,
-        out,
-        2,
-        "algorithm.adv_estimator=remax",
-        f"reward.custom_reward_function.path={scorer}",
-        "trainer.val_before_train=false",
-    )
+    overrides = remax_overrides(tiny_run_overrides, demo, out, 2)
     result = train(REPO / "configs" / "demo-cpu.yaml", overrides, str(out / "run"))
     return demo, result
 
@@ -211,15 +219,11 @@ def test_remax_on_two_ray_ranks(tmp_path, make_demo_inputs, tiny_run_overrides):
         "ray", reason="the ray extra is not installed: pip install 'ppoflow[ray]'"
     )
     demo = make_demo_inputs(tmp_path / "demo", n_train=16, n_val=4)
-    scorer = tmp_path / "scorer.py"
-    scorer.write_text(SCORER, encoding="utf-8")
-    overrides = tiny_run_overrides(
+    overrides = remax_overrides(
+        tiny_run_overrides,
         demo,
         tmp_path,
         1,
-        "algorithm.adv_estimator=remax",
-        f"reward.custom_reward_function.path={scorer}",
-        "trainer.val_before_train=false",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "ppoflow.workers.backend=ray",
         "trainer.n_gpus_per_node=2",

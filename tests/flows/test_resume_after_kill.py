@@ -17,6 +17,7 @@ temporary server's database), MLflow SQLite file, run directory and working dire
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -32,7 +33,6 @@ from mlflow.tracking import MlflowClient
 
 from dataproto.artifact import load_artifact
 from flows.run_store import RunStore
-from stages.data import make_demo_data, make_tiny_model
 from stages.engines.checkpoint import checkpoint_dir, read_latest_step
 
 pytestmark = pytest.mark.slow
@@ -53,42 +53,31 @@ TIME_DEPENDENT = (
 )
 
 
-@pytest.fixture(scope="module")
-def demo_inputs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("demo")
-    make_demo_data(root / "data", n_train=32, n_val=8)
-    make_tiny_model(root / "model")
-    return root
-
-
 # --- processes -----------------------------------------------------------------------------------
 
 
-def train_command(demo: Path, home: Path, checkpoints: Path, *extra: str) -> list[str]:
-    """``ppoflow train`` of the tiny config: run directory under ``home/runs``, MLflow in
-    ``home/mlflow.db`` (:func:`child_env`), checkpoints in ``checkpoints``."""
+def train_command(
+    tiny_run_overrides, demo: Path, home: Path, checkpoints: Path, *extra: str
+) -> list[str]:
+    """``ppoflow train`` of the tiny run (tests/conftest.py) for STEPS steps, a checkpoint every
+    SAVE_FREQ steps in ``checkpoints``: run directory under ``home/runs``, MLflow in
+    ``home/mlflow.db``."""
     return [
         sys.executable,
         "-m",
         "flows.cli",
         "train",
         str(REPO / "configs" / "demo-cpu.yaml"),
-        f"data.train_files=[{demo}/data/train.parquet]",
-        f"data.val_files=[{demo}/data/val.parquet]",
-        f"actor_rollout_ref.model.path={demo}/model",
-        "data.train_batch_size=4",
-        "data.max_response_length=8",
-        "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "reward.num_workers=1",
-        f"trainer.total_training_steps={STEPS}",
-        f"trainer.test_freq={STEPS}",
-        f"trainer.save_freq={SAVE_FREQ}",
-        "trainer.val_before_train=false",
-        f"trainer.default_local_dir={checkpoints}",
-        f"ppoflow.artifact_dir={home}/runs",
-        *extra,
+        *tiny_run_overrides(
+            demo,
+            home,
+            STEPS,
+            f"trainer.save_freq={SAVE_FREQ}",
+            "trainer.val_before_train=false",
+            f"trainer.default_local_dir={checkpoints}",
+            f"ppoflow.artifact_dir={home}/runs",
+            *extra,
+        ),
     ]
 
 
@@ -222,16 +211,20 @@ def run_dir(home: Path) -> RunStore:
 # --- the test ------------------------------------------------------------------------------------
 
 
-def test_killed_and_resumed_run_ends_like_an_uninterrupted_one(demo_inputs, tmp_path):
+def test_killed_and_resumed_run_ends_like_an_uninterrupted_one(
+    tmp_path, make_demo_inputs, tiny_run_overrides
+):
+    demo_inputs = make_demo_inputs(tmp_path / "demo")
     whole, killed, resumed = tmp_path / "whole", tmp_path / "killed", tmp_path / "resumed"
-    train_to_end(train_command(demo_inputs, whole, whole / "checkpoints"), whole)
+    command = functools.partial(train_command, tiny_run_overrides, demo_inputs)
+    train_to_end(command(whole, whole / "checkpoints"), whole)
 
     checkpoints = killed / "checkpoints"
-    train_until_killed(train_command(demo_inputs, killed, checkpoints), killed, checkpoints)
+    train_until_killed(command(killed, checkpoints), killed, checkpoints)
     assert read_latest_step(checkpoints) == KILLED_AFTER, "the kill came after the next checkpoint"
     assert not checkpoint_dir(checkpoints, STEPS, "actor").exists()
 
-    resume = train_command(demo_inputs, resumed, checkpoints, "trainer.resume_mode=auto")
+    resume = command(resumed, checkpoints, "trainer.resume_mode=auto")
     train_to_end(resume, resumed)
 
     expected = actor_weights(whole / "checkpoints", STEPS)
