@@ -1,21 +1,30 @@
 """Stage cache keys: what a stage's output really depends on, hashed the same in every process.
 
-A stage's cache key is
+A stage's cache key is ``sha256(canonical_json(parts))`` over its **key parts**
+(:func:`stage_key_parts`), which the step journal records so that a miss can say why
+(:func:`miss_reasons`)::
 
-    sha256( canonical_json({
-        "format":  "ppoflow-stage-key-v1",
+    {
+        "format":  "ppoflow-stage-key-v2",
         "stage":   stage.name,
         "version": stage.version,
-        "config":  {dotted path: value, for every path in stage.config_keys},
+        "code":    fingerprint of the source the stage runs (flows/code_fingerprint.py),
+        "config":  {dotted path: value, for every path in stage.config_keys not in file_keys},
+        "files":   {dotted path: content digest of the file or directory it names, for every
+                    path in stage.file_keys} (custom reward file, tokenizer, reward model),
         "inputs":  {"<layer>.<key>": key fingerprint, for every key in stage.requires},
         "weights": the caller's weights fingerprint (reads_weights stages) or null,
+        "seed":    {"seed": trainer.seed, "step": the global step} for a stage whose output
+                   depends on its sampling seed (``Stage.seeded``), else null,
         "optional": {"<layer>.<key>": fingerprint, for every key in stage.optional the batch
                      holds} (only for stages that declare optional keys),
-    }) )
+    }
 
 ``canonical_json`` sorts keys and drops whitespace, so the key depends on values only, never on
-dict order, object ids or Python's per-process ``hash()`` salt. The global step is not part of it:
-a stage whose output depends on the step must require a key that holds it (``meta.global_steps``).
+dict order, object ids or Python's per-process ``hash()`` salt. The global step is part of it
+only through ``seed`` (a seeded stage) or a key that holds it (``meta.global_steps``). A user
+file is keyed by its content, not its path: an in-place edit of a reward file is a miss, a copy
+of the same file elsewhere is a hit.
 
 Key fingerprints (lineage, no tensor hashing). Every key of a step batch comes from an artifact:
 the step's input batch (``step_<k>/input``) or a stage's delta (``step_<k>/<stage>``). An
@@ -49,9 +58,11 @@ from typing import Any
 import numpy as np
 
 from dataproto.fingerprint import canonical_json
+from flows.code_fingerprint import stage_code
+from flows.user_files import path_digest
 from stages.stage import KeyRef, Stage
 
-KEY_FORMAT = "ppoflow-stage-key-v1"
+KEY_FORMAT = "ppoflow-stage-key-v2"
 KEY_FINGERPRINT_FORMAT = "ppoflow-key-v1"
 REORDERED_FORMAT = "ppoflow-reordered-v1"
 
@@ -164,17 +175,50 @@ def reordered_fingerprints(
     return out
 
 
-def stage_cache_key(
+def _optional_config(config: Any, dotted: str, default: Any) -> Any:
+    try:
+        return config_value(config, dotted)
+    except KeyError:
+        return default
+
+
+def plugin_names(config: Any) -> tuple[str, ...]:
+    """``ppoflow.plugins`` (none for a config without the key, such as a test's plain dict)."""
+    return tuple(_optional_config(config, "ppoflow.plugins", ()) or ())
+
+
+def code_part(stage: Stage, config: Any) -> str:
+    """The fingerprint of the code ``stage`` runs under ``config`` (its plugins included)."""
+    return stage_code(stage, plugin_names(config)).fingerprint
+
+
+def files_part(stage: Stage, config: Any) -> dict[str, str | None]:
+    """{dotted path: content digest} of the user files and directories the stage reads."""
+    return {path: path_digest(config_value(config, path)) for path in stage.file_keys}
+
+
+def seed_part(stage: Stage, config: Any, step: int | None) -> dict[str, int] | None:
+    """``{"seed", "step"}`` for a seeded stage (its sampling seed's inputs), else None."""
+    if not stage.seeded:
+        return None
+    if step is None:
+        raise ValueError(f"stage {stage.name!r} is seeded per step: its cache key needs step=")
+    return {"seed": int(_optional_config(config, "trainer.seed", 0)), "step": int(step)}
+
+
+def stage_key_parts(
     stage: Stage,
     config: Any,
     input_fingerprints: Mapping[KeyRef, str],
     weights_fingerprint: str | None = None,
-) -> str:
-    """The stage's cache key (formula in the module docstring), a 64-hex-digit sha256.
+    step: int | None = None,
+) -> dict[str, Any]:
+    """The parts of the stage's cache key (module docstring), as canonical JSON data.
 
     Args:
         input_fingerprints: fingerprint of (at least) every key in ``stage.requires``.
         weights_fingerprint: required for ``reads_weights`` stages, refused for the others.
+        step: the global step (needed by a ``seeded`` stage).
 
     Raises:
         KeyError: a required key has no fingerprint (names the stage and key).
@@ -197,16 +241,38 @@ def stage_cache_key(
             f"stage {stage.name!r} declares reads_weights=False but got a weights fingerprint "
             f"{weights_fingerprint[:16]!r}…; declare reads_weights=True or pass None"
         )
-    document = {
+    config_paths = [path for path in stage.config_keys if path not in stage.file_keys]
+    parts = {
         "format": KEY_FORMAT,
         "stage": stage.name,
         "version": stage.version,
-        "config": config_slice(config, stage.config_keys),
+        "code": code_part(stage, config),
+        "config": config_slice(config, config_paths),
+        "files": files_part(stage, config),
         "inputs": {str(key): input_fingerprints[key] for key in stage.requires},
         "weights": weights_fingerprint,
+        "seed": seed_part(stage, config, step),
     }
     if stage.optional:
-        document["optional"] = {
+        parts["optional"] = {
             str(key): input_fingerprints[key] for key in stage.optional if key in input_fingerprints
         }
-    return hashlib.sha256(canonical_json(document).encode()).hexdigest()
+    return parts
+
+
+def cache_key_of(parts: Mapping[str, Any]) -> str:
+    """The 64-hex-digit sha256 cache key of :func:`stage_key_parts`' document."""
+    return hashlib.sha256(canonical_json(dict(parts)).encode()).hexdigest()
+
+
+def stage_cache_key(
+    stage: Stage,
+    config: Any,
+    input_fingerprints: Mapping[KeyRef, str],
+    weights_fingerprint: str | None = None,
+    step: int | None = None,
+) -> str:
+    """The stage's cache key: :func:`cache_key_of` of :func:`stage_key_parts` (same arguments)."""
+    return cache_key_of(
+        stage_key_parts(stage, config, input_fingerprints, weights_fingerprint, step)
+    )

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dataproto import keys as K
-from dataproto.artifact import Verify, load_artifact
+from dataproto.artifact import ArtifactError, Verify, load_artifact, read_manifest
 from flows.checkpoints import DATA_ROLE, STATE_FILE
 from flows.engines import (
     WeightsLineage,
@@ -339,9 +339,43 @@ def parent_step(parent: RunStore, step: int) -> StepJournal:
     return journal
 
 
+def parent_chain(store: RunStore) -> list[str]:
+    """The run directories ``store`` branched from, nearest first (from their ``rerun.json``).
+
+    A directory whose ``rerun.json`` names no existing parent ends the chain (a branch copied
+    away from its parent)."""
+    chain: list[str] = []
+    current = store
+    while current.exists(RERUN_FILE) and len(chain) < 64:
+        parent = str(current.load_json(RERUN_FILE).get("parent_run_dir") or "")
+        if not parent or parent in chain or parent == store.root:
+            break
+        chain.append(parent)
+        current = RunStore(parent)
+    return chain
+
+
+def load_step_input(journal: StepJournal, origin: str, verify: Verify) -> Any:
+    """The step's input artifact, after checking it holds the fingerprint the journal recorded.
+
+    Raises:
+        ArtifactError: the file holds other content (a swapped or replaced input), named.
+    """
+    manifest = read_manifest(journal.input_artifact)
+    if manifest["fingerprint"] != journal.input_fingerprint:
+        raise ArtifactError(
+            f"{journal.input_artifact}: holds fingerprint {manifest['fingerprint'][:16]}…, but "
+            f"the journal of {origin} records {str(journal.input_fingerprint)[:16]}… for step "
+            f"{journal.step}'s input (the artifact was replaced or swapped); restore it or "
+            "re-run another step"
+        )
+    return load_artifact(journal.input_artifact, verify=verify)
+
+
 def open_branch(parent: RunStore, cfg: PPORunConfig, new_dir: str, info: dict) -> RunStore:
-    """The new run dir: config, ``rerun.json``, and a copy of the parent's cache records."""
-    store = RunStore(new_dir)
+    """The new run dir: config, ``rerun.json``, and a copy of the parent's cache records; the
+    branch looks for cache hits' artifacts in its own directory, then in its parent chain."""
+    store = RunStore(new_dir, parents=[parent.root, *parent_chain(parent)])
     if store.steps() or store.exists(RERUN_FILE) or store.exists(CONFIG_FILE):
         raise FileExistsError(f"{store.root} already holds a run; choose another --run-dir")
     store.save_config(cfg)
@@ -381,7 +415,7 @@ def _rerun(
     try:
         result = run_step.fn(
             stages,
-            load_artifact(journal.input_artifact, verify=verify),
+            load_step_input(journal, f"{parent.root} step {step}", verify),
             StageContext(config=cfg, engines=engines, step=step),
             store,
             step,
@@ -390,6 +424,7 @@ def _rerun(
             verify=verify,
             reuse=reusable_records(journal, before),
             reuse_origin=f"{parent.root} step {step}",
+            previous=journal,
         )
     finally:
         engines.close()

@@ -7,6 +7,10 @@ Layout (``root`` is a local path or any fsspec URL)::
     <root>/step_<k>/<stage>/           each stage's delta (an artifact, dataproto/artifact.py)
     <root>/step_<k>/journal.json       what happened in step k (StepJournal below)
     <root>/cache/                      Prefect's cache records (local roots; see RunStore)
+    <root>/code/<fingerprint>.json     the files (name → sha256) behind a stage's code fingerprint
+
+Artifacts are named relative to the run directory in journals and cache records, so a copied
+or moved run directory is self-contained: it re-runs from its own files.
 
 The journal is rewritten after every stage, so an interrupted step leaves a journal whose
 ``status`` is ``"running"`` and which lists the stages finished so far. Each stage record says
@@ -41,6 +45,7 @@ STATUSES = ("ran", "cached", "skipped")
 CONFIG_FILE = "config.json"
 RERUN_FILE = "rerun.json"  # a re-run branch's parent, step, stages and overrides (flows/rerun.py)
 JOURNAL_FILE = "journal.json"
+CODE_DIR = "code"  # code/<fingerprint>.json: the files behind a stage's code fingerprint
 INPUT_NAME = "input"
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
@@ -89,7 +94,9 @@ class StageRecord:
     status: ``ran`` (computed), ``cached`` (artifact reused, no stage work) or ``skipped``.
     reason: why (``"cache miss"``, ``"cache hit"``, ``"disabled: …"``, ``"recomputed: …"``).
     artifact / fingerprint / rows / nbytes: the delta's artifact (None when skipped).
-    cache_key: the stage's cache key (flows/cache_keys.py).
+    cache_key: the stage's cache key (flows/cache_keys.py); key_parts: what it was hashed from
+        (code fingerprint, config values, file digests, input fingerprints, weights, seed), so
+        a later miss can say what changed.
     timing_s: wall time of the stage in this step, loading a cached artifact included.
     metrics: the metrics the stage reported (stored with its artifact, so a hit restores them).
     """
@@ -104,19 +111,54 @@ class StageRecord:
     nbytes: int | None = None
     timing_s: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    key_parts: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"stage {self.stage!r}: status {self.status!r}, expected {STATUSES}")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, root: str | None = None) -> dict[str, Any]:
+        """JSON data; with ``root``, an artifact below it is named relative to it."""
         data = asdict(self)
         data["metrics"] = encode_metrics(self.metrics, f"stage {self.stage!r}")
+        data["artifact"] = relative_to_root(self.artifact, root)
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StageRecord:
-        return cls(**{**data, "metrics": decode_metrics(data.get("metrics", {}))})
+    def from_json(cls, data: dict[str, Any], root: str | None = None) -> StageRecord:
+        """Inverse of :meth:`to_json`; a relative artifact is resolved against ``root``."""
+        return cls(
+            **{
+                **data,
+                "artifact": resolve_in_root(data.get("artifact"), root),
+                "metrics": decode_metrics(data.get("metrics", {})),
+            }
+        )
+
+
+def relative_to_root(path: str | None, root: str | None) -> str | None:
+    """``path`` relative to ``root`` when it lies below it, else unchanged.
+
+    >>> relative_to_root("/r/step_1/reward", "/r"), relative_to_root("/other/x", "/r")
+    ('step_1/reward', '/other/x')
+    """
+    if path is None or root is None:
+        return path
+    prefix = root.rstrip("/") + "/"
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def resolve_in_root(path: str | None, root: str | None) -> str | None:
+    """A journal's artifact name as a path: relative names are below ``root``; absolute paths
+    and URLs (a re-run branch's reused parent artifacts, journals written before names were
+    relative) stay as they are.
+
+    >>> resolve_in_root("step_1/reward", "/r"), resolve_in_root("/p/step_1/x", "/r")
+    ('/r/step_1/reward', '/p/step_1/x')
+    """
+    if path is None or root is None or path.startswith("/") or "://" in path:
+        return path
+    return f"{root.rstrip('/')}/{path}"
 
 
 @dataclass
@@ -147,25 +189,28 @@ class StepJournal:
             f"(recorded: {[r.stage for r in self.stages]})"
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, root: str | None = None) -> dict[str, Any]:
+        """JSON data; with ``root`` (the run directory), artifacts below it are named relative
+        to it, so a copied or moved run directory is self-contained."""
         return {
             "step": self.step,
             "status": self.status,
-            "input_artifact": self.input_artifact,
+            "input_artifact": relative_to_root(self.input_artifact, root),
             "input_fingerprint": self.input_fingerprint,
-            "stages": [record.to_json() for record in self.stages],
+            "stages": [record.to_json(root) for record in self.stages],
             "metrics": encode_metrics(self.metrics, f"step {self.step}"),
             "weights": dict(self.weights),
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StepJournal:
+    def from_json(cls, data: dict[str, Any], root: str | None = None) -> StepJournal:
+        """Inverse of :meth:`to_json`; relative artifact names are resolved against ``root``."""
         return cls(
             step=int(data["step"]),
             status=data["status"],
-            input_artifact=data["input_artifact"],
+            input_artifact=resolve_in_root(data["input_artifact"], root),
             input_fingerprint=data["input_fingerprint"],
-            stages=[StageRecord.from_json(record) for record in data["stages"]],
+            stages=[StageRecord.from_json(record, root) for record in data["stages"]],
             metrics=decode_metrics(data["metrics"]),
             weights=dict(data.get("weights") or {}),
         )
@@ -192,9 +237,17 @@ class RunStore:
             block for anything else). Default: ``<root>/cache`` for a local root; for a remote
             root, ``$PREFECT_HOME/ppoflow-cache/<sha256(url)[:16]>``. A re-run branch passes the
             parent run's ``cache_dir`` so it hits the parent's artifacts.
+        parents: the run directories this run branched from, nearest first (a re-run branch's
+            parent chain): a cache hit's artifact and a code manifest are looked for here after
+            this run's own directory.
     """
 
-    def __init__(self, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        cache_dir: str | os.PathLike | None = None,
+        parents: list[str] | tuple[str, ...] = (),
+    ) -> None:
         url = os.fspath(root)
         self.fs, path = fsspec.core.url_to_fs(url)
         self.is_local = isinstance(self.fs, LocalFileSystem)
@@ -205,6 +258,8 @@ class RunStore:
             if cache_dir is not None
             else (_default_cache_dir(self.root, self.root if self.is_local else None))
         )
+        self.parents = [str(parent) for parent in parents]
+        self._saved_code: set[str] = set()
 
     def __repr__(self) -> str:
         return f"RunStore({self.root!r}, cache_dir={str(self.cache_dir)!r})"
@@ -303,10 +358,59 @@ class RunStore:
 
     def write_journal(self, journal: StepJournal) -> str:
         url = f"{self.step_dir(journal.step)}/{JOURNAL_FILE}"
-        self._write_text(url, json.dumps(journal.to_json(), indent=1))
+        self._write_text(url, json.dumps(journal.to_json(self.root), indent=1))
         return url
 
     def read_journal(self, step: int) -> StepJournal:
         return StepJournal.from_json(
-            self._read_json(f"{self.step_dir(step)}/{JOURNAL_FILE}", f"journal for step {step}")
+            self._read_json(f"{self.step_dir(step)}/{JOURNAL_FILE}", f"journal for step {step}"),
+            self.root,
         )
+
+    def previous_journal(self, step: int) -> StepJournal | None:
+        """The journal a step of an earlier training into this directory left (None if none, or
+        unreadable: it only explains cache misses)."""
+        try:
+            return self.read_journal(step)
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    # --- what a stage's artifact is looked up by ---
+
+    def search_roots(self) -> list[str]:
+        """Where a cache record's relative artifact name is looked for: this run, then the
+        runs it branched from (a re-run branch hits its parent's artifacts)."""
+        return [self.root, *self.parents]
+
+    def relative(self, path: str) -> str:
+        """``path`` relative to this run directory when it lies below it."""
+        return relative_to_root(path, self.root) or path
+
+    def candidates(self, name: str) -> list[str]:
+        """The paths a cache record's artifact name may be at (:meth:`search_roots`)."""
+        if name.startswith("/") or "://" in name:
+            return [name]
+        return [f"{root.rstrip('/')}/{name}" for root in self.search_roots()]
+
+    # --- code manifests (the files behind a stage's code fingerprint) ---
+
+    def save_code_manifest(self, fingerprint: str, files: dict[str, str]) -> None:
+        """``<root>/code/<fingerprint>.json``: {file: sha256} behind a code fingerprint, once."""
+        if fingerprint in self._saved_code:
+            return
+        url = f"{self.root}/{CODE_DIR}/{fingerprint}.json"
+        if not self.fs.exists(self._fs_path(url)):
+            self._write_text(url, json.dumps(dict(sorted(files.items())), indent=0))
+        self._saved_code.add(fingerprint)
+
+    def code_manifest(self, fingerprint: str) -> dict[str, str] | None:
+        """The files behind ``fingerprint`` from this run or a run it branched from."""
+        for root in self.search_roots():
+            url = f"{root.rstrip('/')}/{CODE_DIR}/{fingerprint}.json"
+            try:
+                fs, path = fsspec.core.url_to_fs(url)
+                if fs.exists(path):
+                    return json.loads(fs.cat_file(path))
+            except (OSError, ValueError):
+                continue
+        return None

@@ -46,10 +46,14 @@ from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from dataproto.protocol import DataProto
 from flows.cache_keys import (
     artifact_key_fingerprints,
+    cache_key_of,
     config_slice,
     config_value,
-    stage_cache_key,
+    plugin_names,
+    stage_key_parts,
 )
+from flows.code_fingerprint import stage_code
+from flows.miss_reasons import miss_reasons
 from flows.dag import batch_keys
 from flows.run_store import RunStore, StageRecord, decode_metrics, encode_metrics
 from stages.stage import KeyRef, Stage, StageContext
@@ -180,9 +184,14 @@ def _task_body(
     cache_key: str,
     step: int,
     sink: dict[str, Any],
+    name: str | None = None,
 ) -> ArtifactRef:
-    """The task body: compute and save; ``sink`` gets the delta so a miss needs no re-read."""
-    return compute_stage(stage, inputs, ctx, path, cache_key, sink)
+    """The task body: compute and save; ``sink`` gets the delta so a miss needs no re-read.
+
+    The returned (cached) ref names the artifact by ``name``, its path relative to the run
+    directory, so a copied run directory's cache records point at its own files."""
+    ref = compute_stage(stage, inputs, ctx, path, cache_key, sink)
+    return replace(ref, path=name or ref.path)
 
 
 @functools.lru_cache(maxsize=256)
@@ -256,6 +265,7 @@ def _call(
     key: str,
     step: int,
     cache_dir: Path,
+    name: str,
     refresh: bool,
     retries: int,
 ) -> tuple[ArtifactRef, tuple[DataProto, dict[str, float]] | None]:
@@ -264,10 +274,31 @@ def _call(
     sink: dict[str, Any] = {}
     # raises the stage's exception when the task failed; the body fills ``sink`` only when it
     # ran, so an empty sink is a cache hit
-    ref = prefect_task(quote(stage), quote(inputs), quote(ctx), path, key, step, quote(sink))
+    ref = prefect_task(
+        quote(stage), quote(inputs), quote(ctx), path, key, step, quote(sink), name
+    )
     if "delta" not in sink:
         return ref, None
-    return ref, (sink["delta"], sink["metrics"])
+    return replace(ref, path=path), (sink["delta"], sink["metrics"])
+
+
+def load_cached(
+    ref: ArtifactRef, store: RunStore, cache_key: str, verify: Verify
+) -> tuple[ArtifactRef, tuple[DataProto, dict[str, float]]]:
+    """The cache record's artifact, looked for in the run and the runs it branched from
+    (``RunStore.candidates``); the first that holds the record's fingerprint and key wins.
+
+    Raises:
+        ArtifactError: no candidate holds it (each candidate's problem named).
+    """
+    problems = []
+    for path in store.candidates(ref.path):
+        located = replace(ref, path=path)
+        try:
+            return located, load_delta(located, cache_key, verify)
+        except (ArtifactError, FileNotFoundError) as err:
+            problems.append(str(err))
+    raise ArtifactError("; ".join(problems) or f"{ref.path}: no such artifact")
 
 
 def run_stage(
@@ -280,18 +311,23 @@ def run_stage(
     fingerprints: dict[KeyRef, str],
     weights_fingerprint: str | None = None,
     refresh: bool = False,
+    refresh_reason: str = "cache refreshed",
     retries: int = 0,
     verify: Verify = "full",
+    previous: StageRecord | None = None,
 ) -> StageOutcome:
     """Run (or take from the cache) one stage of step ``step`` (module docstring).
 
     Args:
         fingerprints: key fingerprints of the step batch so far (at least ``stage.requires``).
         weights_fingerprint: for a ``reads_weights`` stage, a fingerprint of the weights it reads.
-        refresh: recompute even on a cache hit (``ppoflow rerun --from``).
+        refresh: recompute even on a cache hit (``ppoflow rerun --refresh``, a weight-writing
+            stage in training); ``refresh_reason`` is the record's reason then.
         verify: how a cached artifact is checked before use: ``"full"`` hashes every file, so
             any damage is caught; ``"lazy"`` skips hashing tensor bytes (sizes, header and small
             files are still checked), faster for large batches but blind to a flipped tensor byte.
+        previous: the record of this stage in an earlier computation of the step (an earlier
+            training into this directory, a re-run's parent); a miss names what changed since.
 
     Returns:
         The delta, the stage's journal record and the fingerprints of the keys it produced.
@@ -299,17 +335,29 @@ def run_stage(
     start = perf_counter()
     stage.check_inputs(batch)
     inputs = select_inputs(stage, batch)
-    key = stage_cache_key(stage, ctx.config, fingerprints, weights_fingerprint)
+    parts = stage_key_parts(stage, ctx.config, fingerprints, weights_fingerprint, step)
+    key = cache_key_of(parts)
+    code = stage_code(stage, plugin_names(ctx.config))
+    store.save_code_manifest(code.fingerprint, dict(code.files))
     path = store.artifact_path(step, stage.name)
     call = functools.partial(
-        _call, stage, inputs, replace(ctx, step=step), path, key, step, store.cache_dir
+        _call,
+        stage,
+        inputs,
+        replace(ctx, step=step),
+        path,
+        key,
+        step,
+        store.cache_dir,
+        store.relative(path),
     )
     ref, computed = call(refresh, retries)
-    reason = "cache refreshed" if refresh else "cache miss"
-    if computed is None:
+    if computed is not None:
+        reason = refresh_reason if refresh else miss_reason(previous, parts, store)
+    else:
         reason = "cache hit"
         try:
-            computed = load_delta(ref, key, verify)
+            ref, computed = load_cached(ref, store, key, verify)
         except ArtifactError as err:
             _log().warning("stage %r: cached artifact unusable, recomputing: %s", stage.name, err)
             ref, computed = call(True, retries)
@@ -328,9 +376,18 @@ def run_stage(
         nbytes=ref.nbytes,
         timing_s=perf_counter() - start,
         metrics=metrics,
+        key_parts=parts,
     )
     produced = set(stage.produces) | batch_keys(delta) if stage.extra_outputs else stage.produces
     return StageOutcome(delta, record, artifact_key_fingerprints(ref.fingerprint, produced))
+
+
+def miss_reason(previous: StageRecord | None, parts: dict[str, Any], store: RunStore) -> str:
+    """``"cache miss"``, followed by what changed since ``previous`` when it is known."""
+    if previous is None or not previous.key_parts:
+        return "cache miss"
+    reasons = miss_reasons(previous.key_parts, parts, store.code_manifest)
+    return "cache miss: " + "; ".join(reasons) if reasons else "cache miss"
 
 
 def reuse_stage(

@@ -131,6 +131,22 @@ def apply_reorder(
     return rest.select_idxs(perm), reordered_fingerprints(fingerprints, permutation_fingerprint)
 
 
+#: the record reason of a weight-writing stage computed on every training step
+WEIGHT_WRITER_REASON = "writes weights: runs on every training step, never from the cache"
+
+
+def _refresh_reason(stage: Stage, refresh: Collection[str], run_weight_writers: bool) -> str:
+    if stage.name not in refresh and run_weight_writers and stage.writes_weights:
+        return WEIGHT_WRITER_REASON
+    return "cache refreshed"
+
+
+def _records_by_stage(journal: StepJournal | None) -> dict[str, StageRecord]:
+    if journal is None:
+        return {}
+    return {record.stage: record for record in journal.stages if record.status != "skipped"}
+
+
 def _ordered(stages: Sequence[Stage], records: dict[str, StageRecord]) -> list[StageRecord]:
     return [records[stage.name] for stage in stages if stage.name in records]
 
@@ -147,6 +163,8 @@ def _run_step(
     verify: Verify = "full",
     reuse: Mapping[str, StageRecord] | None = None,
     reuse_origin: str = "another run",
+    run_weight_writers: bool = False,
+    previous: StepJournal | None = None,
 ) -> StepResult:
     """Run one PPO step: every enabled stage in order, cached, its delta merged into the batch.
 
@@ -162,11 +180,19 @@ def _run_step(
         reuse: stage name → a record from another run's journal of this step; those stages are
             not run, their artifacts are loaded (``reuse_stage``) — a re-run's upstream stages.
         reuse_origin: names that run in the reused records' reasons.
+        run_weight_writers: compute every weight-writing stage even on a cache hit (training:
+            a cached update would skip the optimizer step, so the weights would not be the
+            ones the journal claims). A re-run branch, whose weights end with the step, may
+            take them from the cache.
+        previous: an earlier journal of this step (a re-run's parent); a stage that misses
+            names what changed since its record there. Default: the journal an earlier
+            training into ``store`` left for this step, if any.
     """
     reuse = reuse or {}
     start = perf_counter()
     plan = plan_step(stages, ctx.config, batch_keys(batch), step=step)
     _check_weights(plan, weights_fingerprints)
+    earlier = _records_by_stage(previous or store.previous_journal(step))
     input_ref = store.save_input(step, batch, artifact_digest(ctx.config))
     fingerprints = artifact_key_fingerprints(input_ref.fingerprint, batch_keys(batch))
     journal = StepJournal(
@@ -186,9 +212,11 @@ def _run_step(
                 step,
                 fingerprints=fingerprints,
                 weights_fingerprint=weights_for(stage, weights_fingerprints),
-                refresh=stage.name in refresh,
+                refresh=stage.name in refresh or (run_weight_writers and stage.writes_weights),
+                refresh_reason=_refresh_reason(stage, refresh, run_weight_writers),
                 retries=0 if stage.writes_weights else retries,
                 verify=verify,
+                previous=earlier.get(stage.name),
             )
         batch = batch | outcome.delta
         fingerprints.update(outcome.fingerprints)

@@ -236,6 +236,7 @@ def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRe
         weights_fingerprints=run.lineage.fingerprint,
         refresh=() if cfg.ppoflow.cache else [stage.name for stage in PPO_STAGES],
         retries=IDEMPOTENT_RETRIES,
+        run_weight_writers=True,
     )
     run.lineage.advance(PPO_STAGES, result.records)
     if run.kl_ctrl is not None:

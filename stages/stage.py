@@ -9,6 +9,7 @@ into the step batch. Nothing here knows about Prefect.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +69,12 @@ class Stage:
     when: ``when(config) -> bool`` or ``when(config, step) -> bool`` (the global step, 1-based),
         the stage's condition (e.g. values only with a critic, update_actor after critic_warmup).
     config_keys: dotted config paths the stage reads (part of its cache key).
+    file_keys: dotted config paths naming files or directories the stage reads (a reward file,
+        a tokenizer or reward-model directory); their *contents'* digests enter the cache key,
+        in place of the paths (a path listed here need not be in ``config_keys``).
+    seeded: the stage's output depends on random sampling, seeded per step from
+        ``trainer.seed`` and the global step (:func:`step_seed`); both enter its cache key, so a
+        cache hit and a recomputation agree.
     reads_weights / writes_weights: whether it depends on or changes model state.
     fn: ``fn(batch, ctx) -> DataProto``, returning only ``produces``.
     optional: keys passed to the stage when the batch holds them (no error when absent); the
@@ -88,6 +95,8 @@ class Stage:
     fn: Callable[[DataProto, StageContext], DataProto]
     when: Callable[[Any], bool] = lambda config: True
     config_keys: tuple[str, ...] = ()
+    file_keys: tuple[str, ...] = ()
+    seeded: bool = False
     reads_weights: bool = False
     writes_weights: bool = False
     optional: tuple[KeyRef, ...] = ()
@@ -140,6 +149,17 @@ class Stage:
                 f"stage {self.name!r} requires {names}, which the batch does not hold; "
                 f"an upstream stage must produce it (batch has: {sorted(_all_keys(batch))})"
             )
+
+
+def step_seed(seed: int, step: int, purpose: str) -> int:
+    """A 63-bit seed for ``purpose`` (a stage name) in global step ``step`` of a run seeded
+    ``seed``: the same in every process and every resume, different for each step and purpose.
+
+    >>> step_seed(42, 1, "rollout") == step_seed(42, 1, "rollout") != step_seed(42, 2, "rollout")
+    True
+    """
+    text = f"ppoflow-step-seed-v1\n{int(seed)}\n{int(step)}\n{purpose}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "big") >> 1
 
 
 def _all_keys(batch: DataProto) -> set[str]:

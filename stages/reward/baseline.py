@@ -25,7 +25,7 @@ from tensordict import TensorDict
 
 from dataproto import DataProto
 from dataproto import keys as K
-from stages.reward.settings import CONFIG_KEYS, settings_from_config
+from stages.reward.settings import CONFIG_KEYS, FILE_KEYS, settings_from_config
 from stages.reward.stage import compute_reward
 from stages.rollout import needs_greedy_baseline, prompt_groups
 from stages.stage import Stage, StageContext, non_tensor, tensor
@@ -93,4 +93,5 @@ BASELINE_REWARD_STAGE = Stage(
     when=needs_greedy_baseline,
     optional=(non_tensor(K.EXTRA_INFO),),
     config_keys=CONFIG_KEYS,
+    file_keys=FILE_KEYS,
 )

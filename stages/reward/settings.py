@@ -74,6 +74,13 @@ CONFIG_KEYS = (
     "reward.reward_model.trust_remote_code",
     "reward.reward_model.combine",
 )
+#: config paths naming files the reward stage reads: the custom reward file, the reward model
+#: directory, the tokenizer that decodes responses; their contents enter the cache key
+FILE_KEYS = (
+    "reward.custom_reward_function.path",
+    "reward.reward_model.model_path",
+    "actor_rollout_ref.model.tokenizer_path",
+)
 
 
 def settings_from_config(config: Any) -> RewardSettings:

@@ -32,7 +32,7 @@ from dataproto import keys as K
 from stages.reward.loop import RewardLoop
 from stages.reward.placement import assemble_rm_scores
 from stages.reward.reward_model import RewardModel
-from stages.reward.settings import CONFIG_KEYS, RewardSettings, settings_from_config
+from stages.reward.settings import CONFIG_KEYS, FILE_KEYS, RewardSettings, settings_from_config
 from stages.stage import Stage, StageContext, meta, non_tensor, tensor
 
 LOOP_ENGINE = "reward_loop"  # ctx.engines key of the RewardLoop
@@ -146,4 +146,5 @@ REWARD_STAGE = Stage(
     produces=(tensor(K.RM_SCORES), tensor(SEQ_SCORES), meta(K.REWARD_EXTRA_KEYS)),
     fn=reward_stage_fn,
     config_keys=CONFIG_KEYS,
+    file_keys=FILE_KEYS,
 )

@@ -202,7 +202,7 @@ def test_json_document_round_trips_with_nan_tagged(run, tmp_path):
     stages = {s["stage"]: s for s in step_2["stages"]}
     assert list(stages) == ["rollout", "reward", "values", "advantage"]
     record_keys = {"stage", "status", "reason", "artifact", "fingerprint", "cache_key", "rows",
-                   "nbytes", "timing_s", "metrics"}  # fmt: skip
+                   "nbytes", "timing_s", "metrics", "key_parts"}  # fmt: skip
     assert all(set(s) == record_keys for s in stages.values())
     assert stages["rollout"]["status"] == "cached"
     assert stages["rollout"]["artifact"] == f"{tmp_path}/parent/step_2/rollout"

@@ -80,7 +80,7 @@ def test_config_change_invalidates_that_stage_and_downstream_only(
     changed = toy_ctx.config.model_copy(
         update={"toy": toy_ctx.config.toy.model_copy(update={"factor": 3.0})}
     )
-    branch = RunStore(tmp_path / "branch", cache_dir=store.cache_dir)  # a re-run branch
+    branch = RunStore(tmp_path / "branch", cache_dir=store.cache_dir, parents=[store.root])  # a re-run branch
     ctx = type(toy_ctx)(config=changed, engines=toy_ctx.engines)
     rerun = run_step(toy_stages, toy_batch, ctx, branch, 1, weights_fingerprints=WEIGHTS)
     assert statuses(rerun) == {
@@ -103,7 +103,7 @@ def test_weights_fingerprint_change_invalidates_the_weight_reading_stage(
 ):
     store, _ = first_run
     toy_ctx.engines["model"].weight = 2.0  # new weights, announced by a new fingerprint
-    branch = RunStore(tmp_path / "branch", cache_dir=store.cache_dir)
+    branch = RunStore(tmp_path / "branch", cache_dir=store.cache_dir, parents=[store.root])
     rerun = run_step(
         toy_stages, toy_batch, toy_ctx, branch, 1, weights_fingerprints={"score": "weights-v1"}
     )

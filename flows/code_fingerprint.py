@@ -1,0 +1,249 @@
+"""Fingerprints of the code a stage runs: its module's import closure, by file content.
+
+A stage's output depends on the code that computes it, so its cache key holds a fingerprint of
+that code (flows/cache_keys.py). The granularity is the **import closure of the stage's
+module** within ppoflow's computing packages (``dataproto``, ``stages``) and the user's plugin
+modules (``ppoflow.plugins``):
+
+* start from the module that defines the stage's function; a stage that reads or writes weights
+  also starts from every module of ``stages.engines`` (the engines it calls are built by the
+  flow, not imported by the stage module);
+* follow every ``import`` / ``from … import`` of a first-party module anywhere in a module's
+  source (function-level lazy imports included), every string constant that names a
+  first-party module (``importlib.import_module`` tables), and every parent package's
+  ``__init__`` (Python runs it on import);
+* the plugin modules enter every stage's closure: a plugin may register into any registry.
+
+``flows/`` (orchestration) is not covered: it decides what runs and where results go, not what
+a stage computes from its inputs, config and weights. An edit there (a CLI message, a log
+line) therefore keeps every cache entry.
+
+The fingerprint is ``sha256("ppoflow-code-v1" | for each file, sorted: name \\t sha256(bytes))``
+where ``name`` is the file's path relative to the directory holding its top-level package
+(``stages/algos/advantages_group.py``), so a copied checkout with the same files gives the same
+fingerprint. The closure is found once per process (about 100 ms of parsing) and the files are
+hashed once per process, so the per-step cost is a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.util
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+CODE_FORMAT = "ppoflow-code-v1"
+#: the packages whose code computes a stage's output (``flows`` only orchestrates)
+COMPUTING_PACKAGES = ("dataproto", "stages")
+#: where a weight-reading or -writing stage's engine code starts
+ENGINE_PACKAGE = "stages.engines"
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _is_first_party(name: str, roots: Sequence[str]) -> bool:
+    return name.split(".", 1)[0] in roots
+
+
+@functools.lru_cache(maxsize=16)
+def _package_dir(top: str) -> Path | None:
+    """The directory of top-level package ``top`` (found once; it is imported already)."""
+    module = sys.modules.get(top)
+    paths = list(getattr(module, "__path__", []) or []) if module is not None else []
+    if not paths:
+        spec = importlib.util.find_spec(top)
+        paths = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(paths[0]).resolve() if paths else None
+
+
+@functools.lru_cache(maxsize=4096)
+def module_file(name: str) -> Path | None:
+    """The source file of first-party module ``name`` (a package's ``__init__.py``), or None
+    when no such file exists. Found on disk below its top-level package, without importing
+    anything (``importlib.util.find_spec`` would import the parent packages)."""
+    top, *rest = name.split(".")
+    base = _package_dir(top)
+    if base is None:
+        return None
+    target = base.joinpath(*rest)
+    for candidate in (target / "__init__.py", target.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def package_modules(name: str) -> list[str]:
+    """``name`` and, when it is a package, every module below it (from the files on disk)."""
+    path = module_file(name)
+    if path is None or path.name != "__init__.py":
+        return [name]
+    found = [name]
+    for file in sorted(path.parent.rglob("*.py")):
+        parts = file.relative_to(path.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts and all(part.isidentifier() for part in parts):
+            found.append(".".join([name, *parts]))
+    return found
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _imported_names(source: str, module: str, is_package: bool) -> set[str]:
+    """Module names ``source`` imports or names in a string constant (relative imports
+    resolved against ``module``)."""
+    names: set[str] = set()
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)  # maybe submodules
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if _MODULE_NAME.fullmatch(node.value):
+                names.add(node.value)
+    return names
+
+
+@functools.lru_cache(maxsize=4096)
+def _imports_of(name: str, path: Path) -> frozenset[str]:
+    source = path.read_text(encoding="utf-8")
+    return frozenset(_imported_names(source, name, path.name == "__init__.py"))
+
+
+@functools.lru_cache(maxsize=256)
+def _closure(starts: tuple[str, ...], roots: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """((module name, file path), …) of every first-party module reachable from ``starts``."""
+    seen: dict[str, Path] = {}
+    pending = [name for start in starts for name in (*_parents(start), start)]
+    while pending:
+        name = pending.pop()
+        if name in seen or not _is_first_party(name, roots):
+            continue
+        path = module_file(name)
+        if path is None:
+            continue
+        seen[name] = path
+        for found in _imports_of(name, path):
+            if _is_first_party(found, roots) and found not in seen:
+                pending.extend([*_parents(found), found])
+    return tuple(sorted((name, str(path)) for name, path in seen.items()))
+
+
+def _display_name(module: str, path: Path) -> str:
+    """``stages/algos/advantages_group.py``: the path below the top-level package's parent."""
+    depth = len(module.split(".")) + (1 if path.name == "__init__.py" else 0)
+    return "/".join(path.parts[-depth:])
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of the file's bytes (remembered per process while size and mtime stay)."""
+    stat = Path(path).stat()
+    return _file_digest(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+def stage_modules(fn_module: str | None, uses_engines: bool) -> tuple[str, ...]:
+    """The module names a stage's closure starts from (module docstring)."""
+    engines = package_modules(ENGINE_PACKAGE) if uses_engines else []
+    return tuple(sorted({*([fn_module] if fn_module else []), *engines}))
+
+
+def function_module(fn: Any) -> str | None:
+    """The module defining ``fn`` (through ``functools.partial``), or None."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__module__", None)
+
+
+def outside_module_file(module: str | None) -> dict[str, Path]:
+    """{``module:<name>``: its file} for a stage function defined outside ``dataproto`` /
+    ``stages`` (a user's own stage, a test's), so its own source is covered too."""
+    if module is None or _is_first_party(module, COMPUTING_PACKAGES):
+        return {}
+    origin = getattr(sys.modules.get(module), "__file__", None)
+    if origin is None or not origin.endswith(".py") or not Path(origin).is_file():
+        return {}
+    return {f"module:{module}": Path(origin)}
+
+
+def code_files(
+    starts: Iterable[str], plugins: Mapping[str, Path] | None = None
+) -> dict[str, str]:
+    """{display name: sha256 of the file} for the closure of ``starts`` plus the plugin files.
+
+    Args:
+        starts: module names the closure starts from (module docstring).
+        plugins: display name → file of each plugin module (``plugin:<module>`` names).
+    """
+    files = {
+        _display_name(name, Path(path)): file_digest(path)
+        for name, path in _closure(tuple(sorted(starts)), COMPUTING_PACKAGES)
+    }
+    files.update({name: file_digest(path) for name, path in (plugins or {}).items()})
+    return files
+
+
+def code_fingerprint(files: Mapping[str, str]) -> str:
+    """The fingerprint of a set of files (module docstring) from :func:`code_files`' mapping.
+
+    >>> code_fingerprint({"a.py": "0" * 64}) == code_fingerprint({"a.py": "0" * 64})
+    True
+    >>> code_fingerprint({"a.py": "0" * 64}) != code_fingerprint({"a.py": "1" * 64})
+    True
+    """
+    text = "\n".join(f"{name}\t{files[name]}" for name in sorted(files))
+    return hashlib.sha256(f"{CODE_FORMAT}\n{text}".encode()).hexdigest()
+
+
+def changed_files(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
+    """The names whose digest differs, or that exist on one side only, sorted.
+
+    >>> changed_files({"a.py": "1", "b.py": "2"}, {"a.py": "1", "b.py": "3", "c.py": "4"})
+    ['b.py', 'c.py']
+    """
+    return sorted(name for name in set(old) | set(new) if old.get(name) != new.get(name))
+
+
+@dataclass(frozen=True)
+class StageCode:
+    """The code a stage runs: {file name: sha256} and their :func:`code_fingerprint`."""
+
+    fingerprint: str
+    files: Mapping[str, str]
+
+
+@functools.lru_cache(maxsize=256)
+def _stage_code(fn_module: str | None, uses_engines: bool, plugins: tuple[str, ...]) -> StageCode:
+    extra = outside_module_file(fn_module)
+    if plugins:
+        from stages.plugins import plugin_source_files
+
+        extra.update({f"plugin:{path}": path for path in plugin_source_files(list(plugins))})
+    files = code_files(stage_modules(fn_module, uses_engines), extra)
+    return StageCode(code_fingerprint(files), MappingProxyType(files))
+
+
+def stage_code(stage: Any, plugins: Sequence[str] = ()) -> StageCode:
+    """The code ``stage`` runs (module docstring), found and hashed once per process: the
+    process runs the code it imported, so an edit on disk after that is not what it runs."""
+    uses_engines = bool(stage.reads_weights or stage.writes_weights)
+    return _stage_code(function_module(stage.fn), uses_engines, tuple(plugins))
