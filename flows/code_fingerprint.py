@@ -16,7 +16,10 @@ modules (``ppoflow.plugins``):
 
 ``flows/`` (orchestration) is not covered: it decides what runs and where results go, not what
 a stage computes from its inputs, config and weights. An edit there (a CLI message, a log
-line) therefore keeps every cache entry.
+line) therefore keeps every cache entry. Nor is ``stages.config`` (the typed config: loading,
+validation, defaults): what a stage reads of the config enters its key as *values*
+(``config_keys``), so a changed default is a changed value there, while a reworded error
+message changes nothing.
 
 The fingerprint is ``sha256("ppoflow-code-v1" | for each file, sorted: name \\t sha256(bytes))``
 where ``name`` is the file's path relative to the directory holding its top-level package
@@ -44,11 +47,14 @@ CODE_FORMAT = "ppoflow-code-v1"
 COMPUTING_PACKAGES = ("dataproto", "stages")
 #: where a weight-reading or -writing stage's engine code starts
 ENGINE_PACKAGE = "stages.engines"
+#: packages left out of every closure (module docstring): config values are keyed by value
+EXCLUDED_PACKAGES = ("stages.config",)
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 def _is_first_party(name: str, roots: Sequence[str]) -> bool:
-    return name.split(".", 1)[0] in roots
+    excluded = any(name == pkg or name.startswith(pkg + ".") for pkg in EXCLUDED_PACKAGES)
+    return name.split(".", 1)[0] in roots and not excluded
 
 
 @functools.lru_cache(maxsize=16)
@@ -113,9 +119,12 @@ def _imported_names(source: str, module: str, is_package: bool) -> set[str]:
                 base = ".".join([*anchor, base] if base else anchor)
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)  # maybe submodules
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if _MODULE_NAME.fullmatch(node.value):
-                names.add(node.value)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and _MODULE_NAME.fullmatch(node.value)
+        ):
+            names.add(node.value)
     return names
 
 
@@ -185,9 +194,7 @@ def outside_module_file(module: str | None) -> dict[str, Path]:
     return {f"module:{module}": Path(origin)}
 
 
-def code_files(
-    starts: Iterable[str], plugins: Mapping[str, Path] | None = None
-) -> dict[str, str]:
+def code_files(starts: Iterable[str], plugins: Mapping[str, Path] | None = None) -> dict[str, str]:
     """{display name: sha256 of the file} for the closure of ``starts`` plus the plugin files.
 
     Args:
@@ -247,3 +254,30 @@ def stage_code(stage: Any, plugins: Sequence[str] = ()) -> StageCode:
     process runs the code it imported, so an edit on disk after that is not what it runs."""
     uses_engines = bool(stage.reads_weights or stage.writes_weights)
     return _stage_code(function_module(stage.fn), uses_engines, tuple(plugins))
+
+
+def run_code(stages: Iterable[Any], plugins: Sequence[str] = ()) -> StageCode:
+    """The union of the code of ``stages`` (a training's whole step): what a checkpoint records,
+    so a resume can say that the code changed since."""
+    files: dict[str, str] = {}
+    for stage in stages:
+        files.update(stage_code(stage, plugins).files)
+    return StageCode(code_fingerprint(files), MappingProxyType(files))
+
+
+def code_change_notice(saved: Mapping[str, str] | None, current: Mapping[str, str]) -> str | None:
+    """One line saying which files changed since a checkpoint's code, or None when none did
+    (or the checkpoint predates code manifests).
+
+    >>> code_change_notice({"a.py": "1"}, {"a.py": "2"})
+    'the code changed since this checkpoint (a.py): stages whose code changed recompute'
+    >>> code_change_notice({"a.py": "1"}, {"a.py": "1"}) is None
+    True
+    """
+    if not saved:
+        return None
+    changed = changed_files(saved, current)
+    if not changed:
+        return None
+    shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+    return f"the code changed since this checkpoint ({shown}): stages whose code changed recompute"

@@ -111,9 +111,7 @@ def miss_reasons(
     reasons += config_reasons(old.get("config") or {}, new.get("config") or {})
     reasons += file_reasons(old.get("files") or {}, new.get("files") or {})
     reasons += input_reasons(old.get("inputs") or {}, new.get("inputs") or {})
-    reasons += input_reasons(
-        old.get("optional") or {}, new.get("optional") or {}, "optional input"
-    )
+    reasons += input_reasons(old.get("optional") or {}, new.get("optional") or {}, "optional input")
     if old.get("weights") != new.get("weights"):
         reasons.append("weights changed")
     if old.get("seed") != new.get("seed"):

@@ -53,8 +53,8 @@ from flows.cache_keys import (
     stage_key_parts,
 )
 from flows.code_fingerprint import stage_code
-from flows.miss_reasons import miss_reasons
 from flows.dag import batch_keys
+from flows.miss_reasons import miss_reasons
 from flows.run_store import RunStore, StageRecord, decode_metrics, encode_metrics
 from stages.stage import KeyRef, Stage, StageContext
 
@@ -274,9 +274,7 @@ def _call(
     sink: dict[str, Any] = {}
     # raises the stage's exception when the task failed; the body fills ``sink`` only when it
     # ran, so an empty sink is a cache hit
-    ref = prefect_task(
-        quote(stage), quote(inputs), quote(ctx), path, key, step, quote(sink), name
-    )
+    ref = prefect_task(quote(stage), quote(inputs), quote(ctx), path, key, step, quote(sink), name)
     if "delta" not in sink:
         return ref, None
     return replace(ref, path=path), (sink["delta"], sink["metrics"])

@@ -15,7 +15,7 @@ from stages.old_log_prob import old_log_prob_fn
 from stages.ppo import PPO_STAGES, make_step_input
 from stages.ref_log_prob import ref_log_prob_fn
 from stages.rollout import ROLLOUT_KEYS, rollout_fn
-from stages.stage import StageContext
+from stages.stage import StageContext, step_seed
 from stages.update_actor import UPDATE_ACTOR_STAGE, update_actor_fn
 from stages.update_critic import update_critic_fn
 from stages.values import values_fn
@@ -73,8 +73,11 @@ def test_step_input_uid_per_prompt_interleaved_repeat_and_renamed_prompts():
 def test_rollout_passes_prompt_tensors_under_engine_names_and_keeps_declared_keys(
     fake_engine, make_config
 ):
-    def generate(batch, validate):
+    seeds = []
+
+    def generate(batch, validate, seed):
         assert validate is False
+        seeds.append(seed)
         rows, width = batch.batch["input_ids"].shape
         out = {key: torch.zeros(rows, width + 2, dtype=torch.long) for key in ROLLOUT_KEYS}
         out["extra_engine_key"] = torch.zeros(rows)
@@ -82,15 +85,16 @@ def test_rollout_passes_prompt_tensors_under_engine_names_and_keeps_declared_key
 
     actor = fake_engine(generate_sequences=generate)
     step_input = make_step_input(prompt_batch(), 2, temperature=1.0, global_steps=1)
-    ctx = StageContext(make_config(), {"actor": actor})
+    ctx = StageContext(make_config(), {"actor": actor}, step=3)
     delta = rollout_fn(step_input, ctx)
     assert actor.calls == [("generate_sequences", ["attention_mask", "input_ids", "position_ids"])]
     assert sorted(delta.batch.keys()) == sorted(ROLLOUT_KEYS)
+    assert seeds == [step_seed(ctx.config.trainer.seed, 3, "rollout")]  # seeded per step
 
 
 def test_rollout_names_keys_the_engine_did_not_return(fake_engine, make_config):
     actor = fake_engine(
-        generate_sequences=lambda batch, validate: delta_of(prompts=torch.zeros(4, 2))
+        generate_sequences=lambda batch, validate, seed: delta_of(prompts=torch.zeros(4, 2))
     )
     step_input = make_step_input(prompt_batch(), 2, temperature=1.0, global_steps=1)
     with pytest.raises(KeyError, match="responses"):
