@@ -36,7 +36,10 @@ BALANCE_ORDER = (
 
 # --- non-tensor layer (numpy, dim 0 = rows) ---
 UID = "uid"  # (B,) object str: the prompt group
-DATA_SOURCE = "data_source"  # (B,) object str: routes the scorer
+DATA_SOURCE = "data_source"  # (B,) object str: routes the scorer (unless REWARD_ROUTE is set)
+#: (B,) object str, only when data.reward_fn_key names another column: that column's value,
+#: which the scorer gets as its data_source argument (verl's row[reward_fn_key])
+REWARD_ROUTE = "reward_route"
 REWARD_MODEL = "reward_model"  # (B,) object dict {style, ground_truth}
 EXTRA_INFO = "extra_info"  # (B,) object dict
 RAW_PROMPT = "raw_prompt"  # (B,) object list[dict]: chat messages

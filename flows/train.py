@@ -45,6 +45,7 @@ from flows.checkpoints import (
     save_run_checkpoint,
 )
 from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
+from flows.generations_dump import dump_rollout, dump_validation
 from flows.mlflow_logger import MLflowLogger
 from flows.progress import SCORE, Progress
 from flows.publisher import Publisher
@@ -55,7 +56,8 @@ from flows.validate import validate
 from stages.advantage import KL_METRIC
 from stages.algos.kl_control import get_kl_controller
 from stages.config import PPORunConfig, apply_overrides, load_config
-from stages.data import StatefulPromptLoader, load_prompt_dataset, load_tokenizer
+from stages.data import StatefulPromptLoader, load_tokenizer
+from stages.data.from_config import load_split, train_loader
 from stages.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -101,16 +103,9 @@ def default_run_dir(cfg: PPORunConfig) -> str:
 
 
 def load_datasets(cfg: PPORunConfig, tokenizer: Any) -> tuple[Any, Any]:
-    """(train, validation) ``PromptDataset`` from data.train_files / data.val_files."""
-    options = dict(
-        max_prompt_length=cfg.data.max_prompt_length,
-        prompt_key=cfg.data.prompt_key,
-        truncation=cfg.data.truncation,
-        filter_overlong_prompts=cfg.data.filter_overlong_prompts,
-    )
-    train_set = load_prompt_dataset(cfg.data.train_files, tokenizer, **options)
-    val_set = load_prompt_dataset(cfg.data.val_files, tokenizer, **options)
-    return train_set, val_set
+    """(train, validation) ``PromptDataset`` from data.train_files / data.val_files and the
+    other ``data.*`` keys (``stages.data.from_config.load_split``)."""
+    return load_split(cfg.data, tokenizer, "train"), load_split(cfg.data, tokenizer, "val")
 
 
 @dataclass
@@ -149,9 +144,7 @@ def open_run(cfg: PPORunConfig, run_dir: str | None) -> TrainRun:
     store.save_config(cfg)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path)
     train_set, val_set = load_datasets(cfg, tokenizer)
-    loader = StatefulPromptLoader(
-        train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
-    )
+    loader = train_loader(cfg.data, train_set)
     total = cfg.resolve_total_training_steps(len(train_set))
     run = TrainRun(cfg, store, tokenizer, val_set, loader, total)
     run.progress = Progress(total, enabled="console" in cfg.trainer.logger)
@@ -244,6 +237,7 @@ def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRe
     metrics = step_metrics(result, cfg, step, epoch)
     result.journal.metrics, result.journal.weights = metrics, weights_at_start
     run.store.write_journal(result.journal)
+    dump_rollout(cfg.trainer.rollout_data_dir, result.batch, run.tokenizer, step)
     return metrics, result.records
 
 
@@ -251,6 +245,7 @@ def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:
     """Validate and print at ``step`` (generations table → MLflow); returns (mean score,
     val metrics), which the caller logs with the step's metrics."""
     result = validate(run.cfg, run.engines, run.val_set, run.tokenizer, step)
+    dump_validation(run.cfg.trainer.validation_data_dir, result.scored, run.tokenizer, step)
     run.progress.validation(step, result.mean_score, result.metrics)
     if run.logger is not None and result.generations:
         run.logger.log_dict(result.generations, f"val_generations/step_{step}.json")

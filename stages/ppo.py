@@ -6,9 +6,10 @@ for a config (and step), its ``requires`` / ``produces`` are checked before any 
 come from a cached stage.
 
 The reward stage is ``stages.reward.stage.REWARD_STAGE`` with two additions: the optional keys
-``extra_info`` / ``__num_turns__`` are passed to it when the batch holds them (the scorers read
-``extra_info``), and the reward extras it returns (e.g. ``acc``, ``pred``) are accepted as
-run-time-named non-tensor keys.
+``extra_info`` / ``__num_turns__`` / ``reward_route`` are passed to it when the batch holds them
+(the scorers read ``extra_info``; ``reward_route`` is the routing column named by
+``data.reward_fn_key`` when that is not ``data_source``), and the reward extras it returns (e.g.
+``acc``, ``pred``) are accepted as run-time-named non-tensor keys.
 
 With ``algorithm.adv_estimator: remax`` two more stages run: ``baseline_rollout`` after the
 rollout (one greedy response per prompt) and ``baseline_reward`` after the reward (its score,
@@ -39,7 +40,7 @@ from stages.values import VALUES_STAGE
 
 PPO_REWARD_STAGE = replace(
     REWARD_STAGE,
-    optional=(non_tensor(K.EXTRA_INFO), non_tensor(K.NUM_TURNS)),
+    optional=(non_tensor(K.EXTRA_INFO), non_tensor(K.NUM_TURNS), non_tensor(K.REWARD_ROUTE)),
     extra_outputs=("non_tensor_batch",),
 )
 

@@ -10,6 +10,15 @@ One row per prompt, with the columns verl's RL datasets use:
 | ``ability``    | str                                    | no (None) |
 | ``extra_info`` | dict                                   | no ({})  |
 | ``uid``        | str: kept as the prompt group id       | no       |
+| ``<reward_fn_key>`` | non-empty str: routes the scorer instead of ``data_source`` | when ``reward_fn_key`` is not ``data_source`` |
+
+``reward_fn_key`` is verl's ``data.reward_fn_key``: the column whose value is handed to the scorer
+as its ``data_source`` argument. By default that is ``data_source`` itself; naming another column
+keeps its value as the row's ``reward_route`` (``data_source`` still labels the row in metrics).
+
+``data.train_max_samples`` / ``data.val_max_samples`` cap a split (`max_samples_indices`): the
+first N rows, or with ``data.shuffle`` N rows drawn without replacement by
+``numpy.random.default_rng(seed)``, in the drawn order (verl's rule).
 
 Several files make one split: their rows are concatenated in the order given, and every row keeps
 its origin (file, row number) so that an error names the exact place to fix. Other columns are
@@ -33,6 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 PARQUET_SUFFIXES = (".parquet",)
+DATA_SOURCE = "data_source"  # the default reward_fn_key
 JSONL_SUFFIXES = (".jsonl", ".json")
 
 
@@ -60,8 +70,12 @@ class PromptRow:
     extra_info: dict[str, Any] = field(default_factory=dict)
     uid: str | None = None
     origin: RowOrigin | None = None
+    #: the ``reward_fn_key`` column's value when that column is not ``data_source`` (else None)
+    reward_route: str | None = None
 
-    def to_record(self, prompt_key: str = "prompt") -> dict[str, Any]:
+    def to_record(
+        self, prompt_key: str = "prompt", reward_fn_key: str = DATA_SOURCE
+    ) -> dict[str, Any]:
         """The row as a verl-layout dict (what `write_prompt_rows` stores)."""
         record = {
             prompt_key: self.prompt,
@@ -72,6 +86,8 @@ class PromptRow:
         }
         if self.uid is not None:
             record["uid"] = self.uid
+        if self.reward_route is not None and reward_fn_key != DATA_SOURCE:
+            record[reward_fn_key] = self.reward_route
         return record
 
 
@@ -126,7 +142,24 @@ def _optional(record: dict, key: str, kind: type, origin: RowOrigin, expected: s
     return value
 
 
-def validate_record(record: dict[str, Any], origin: RowOrigin, prompt_key: str) -> PromptRow:
+def _route(record: dict[str, Any], origin: RowOrigin, reward_fn_key: str) -> str | None:
+    """The ``reward_fn_key`` column's value (None when that column is ``data_source``)."""
+    if reward_fn_key == DATA_SOURCE:
+        return None
+    if reward_fn_key not in record:
+        raise ValueError(
+            f"{origin}: missing column {reward_fn_key!r} named by data.reward_fn_key "
+            f"(columns present: {sorted(record)}); add it or set data.reward_fn_key to one of them"
+        )
+    value = record[reward_fn_key]
+    if not isinstance(value, str) or not value:
+        raise _fail(origin, f"{reward_fn_key} (data.reward_fn_key)", "a non-empty str", value)
+    return value
+
+
+def validate_record(
+    record: dict[str, Any], origin: RowOrigin, prompt_key: str, reward_fn_key: str = DATA_SOURCE
+) -> PromptRow:
     """One raw row (a dict of column values) → a `PromptRow`, or an error naming origin and column."""
     for column in (prompt_key, "data_source", "reward_model"):
         if column not in record:
@@ -146,6 +179,7 @@ def validate_record(record: dict[str, Any], origin: RowOrigin, prompt_key: str) 
         extra_info=dict(_optional(record, "extra_info", dict, origin, "a dict or null") or {}),
         uid=_optional(record, "uid", str, origin, "a str or null"),
         origin=origin,
+        reward_route=_route(record, origin, reward_fn_key),
     )
 
 
@@ -197,9 +231,14 @@ def as_path_list(paths: str | Path | Sequence[str | Path]) -> list[str]:
 
 
 def load_prompt_rows(
-    paths: str | Path | Sequence[str | Path], *, prompt_key: str = "prompt"
+    paths: str | Path | Sequence[str | Path],
+    *,
+    prompt_key: str = "prompt",
+    reward_fn_key: str = DATA_SOURCE,
 ) -> list[PromptRow]:
     """Read and validate the rows of one split, several files concatenated in order.
+
+    ``reward_fn_key`` names the column that routes the scorer (module docstring).
 
     Raises:
         FileNotFoundError: a file does not exist (named in the message).
@@ -212,15 +251,49 @@ def load_prompt_rows(
         if not fs.exists(fs_path):
             raise FileNotFoundError(f"data file not found: {path!r}")
         read = _reader(path)
-        rows.extend(validate_record(record, origin, prompt_key) for origin, record in read(path))
+        rows.extend(
+            validate_record(record, origin, prompt_key, reward_fn_key)
+            for origin, record in read(path)
+        )
     return rows
 
 
+def max_samples_indices(
+    num_rows: int, max_samples: int, *, shuffle: bool, seed: int | None
+) -> np.ndarray:
+    """(N',) int64 rows kept by ``data.{train,val}_max_samples`` (verl's ``RLHFDataset`` rule).
+
+    ``max_samples`` ≤ 0 or ≥ ``num_rows`` keeps every row in order. Otherwise: the first
+    ``max_samples`` rows, or with ``shuffle`` ``default_rng(seed).choice(num_rows, max_samples,
+    replace=False)`` (a seeded sample, in the drawn order; ``seed=None`` is unseeded, as verl).
+
+    Example:
+        >>> max_samples_indices(5, 2, shuffle=False, seed=0).tolist()
+        [0, 1]
+        >>> max_samples_indices(5, -1, shuffle=True, seed=0).tolist()
+        [0, 1, 2, 3, 4]
+        >>> max_samples_indices(10, 3, shuffle=True, seed=1).tolist()
+        [4, 3, 7]
+    """
+    if max_samples <= 0 or max_samples >= num_rows:
+        return np.arange(num_rows, dtype=np.int64)
+    if not shuffle:
+        return np.arange(max_samples, dtype=np.int64)
+    rng = np.random.default_rng(*(() if seed is None else (seed,)))
+    return rng.choice(num_rows, size=max_samples, replace=False).astype(np.int64)
+
+
 def write_prompt_rows(
-    path: str | Path, rows: Sequence[PromptRow | dict[str, Any]], *, prompt_key: str = "prompt"
+    path: str | Path,
+    rows: Sequence[PromptRow | dict[str, Any]],
+    *,
+    prompt_key: str = "prompt",
+    reward_fn_key: str = DATA_SOURCE,
 ) -> None:
     """Write rows in verl's layout as parquet or JSON Lines, chosen by the file suffix."""
-    records = [r.to_record(prompt_key) if isinstance(r, PromptRow) else r for r in rows]
+    records = [
+        r.to_record(prompt_key, reward_fn_key) if isinstance(r, PromptRow) else r for r in rows
+    ]
     path = str(path)
     if _reader(path) is _read_parquet:
         with fsspec.open(path, "wb") as handle:

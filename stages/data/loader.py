@@ -11,6 +11,11 @@ resumes with that batch. (verl 0.9.1 saves the sampler there as exhausted and th
 restoring the loader whenever global_steps is a multiple of the epoch length; here a resumed run
 sees exactly the batches an uninterrupted run would, boundary included.)
 
+With ``num_workers`` > 0 (verl's ``data.dataloader_num_workers``) the batches are collated in
+worker processes (`stages.data.workers.collate_batches`), prefetched from the current position
+on; the row order is still drawn here, so the batches, the position and the state are those of
+``num_workers=0``. Prefetched batches past a restored position are dropped.
+
 Example:
     >>> class Rows:
     ...     def __len__(self): return 5
@@ -22,10 +27,13 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from stages.data.workers import collate_batches
 
 STATE_VERSION = 1
 
@@ -38,6 +46,36 @@ class Collatable(Protocol):
     def collate(self, indices: Sequence[int]) -> Any: ...
 
 
+def epoch_row_order(num_rows: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    """(N,) int64 row order of ``epoch``: the permutation drawn by ``default_rng([seed, epoch])``
+    with ``shuffle``, else 0…N−1.
+
+    Example:
+        >>> epoch_row_order(4, shuffle=False, seed=0, epoch=3).tolist()
+        [0, 1, 2, 3]
+    """
+    if shuffle:
+        return np.random.default_rng([seed, epoch]).permutation(num_rows)
+    return np.arange(num_rows, dtype=np.int64)
+
+
+def _row_lists(
+    num_rows: int,
+    batch_size: int,
+    num_batches: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    batch_index: int,
+) -> Iterator[list[int]]:
+    """Row lists of every batch from (epoch, batch_index) on, epoch after epoch (the same rows
+    as `StatefulPromptLoader.batch_rows`; no reference to the loader)."""
+    for e in itertools.count(epoch):
+        order = epoch_row_order(num_rows, shuffle=shuffle, seed=seed, epoch=e)
+        for b in range(batch_index if e == epoch else 0, num_batches):
+            yield order[b * batch_size : (b + 1) * batch_size].tolist()
+
+
 class StatefulPromptLoader:
     """Yields prompt batches (``dataset.collate(indices)``) epoch after epoch, resumably.
 
@@ -47,6 +85,8 @@ class StatefulPromptLoader:
         shuffle: a fresh permutation each epoch, seeded from (seed, epoch).
         seed: non-negative int.
         drop_last: drop the last incomplete batch (verl's train loader does).
+        num_workers: processes that collate the batches; 0 = this process. Close the loader
+            (`close`) to stop them early; they also stop when it is collected.
 
     ``len(loader)`` is the number of batches per epoch. Iterating yields the remaining batches of
     the current epoch; `next_batch` crosses epoch boundaries.
@@ -60,7 +100,10 @@ class StatefulPromptLoader:
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = True,
+        num_workers: int = 0,
     ) -> None:
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0 (processes), got {num_workers!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if not isinstance(seed, int) or seed < 0:
@@ -77,9 +120,13 @@ class StatefulPromptLoader:
         self.seed = seed
         self.drop_last = drop_last
         self.num_rows = num_rows
+        self.num_workers = num_workers
         self._epoch = 0
         self._batch_index = 0
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its row order), reused
+        # the worker stream and the (epoch, batch_index) of the next batch it yields
+        self._stream: Iterator[Any] | None = None
+        self._stream_at: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         full, rest = divmod(self.num_rows, self.batch_size)
@@ -101,12 +148,11 @@ class StatefulPromptLoader:
         return self._epoch * len(self) + self._batch_index
 
     def epoch_order(self, epoch: int) -> np.ndarray:
-        """(N,) int64 row order of ``epoch``: a (seed, epoch)-seeded permutation or 0…N−1."""
+        """(N,) int64 row order of ``epoch`` (`epoch_row_order`), cached for the epoch."""
         if self._order is None or self._order[0] != epoch:
-            if self.shuffle:
-                order = np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
-            else:
-                order = np.arange(self.num_rows, dtype=np.int64)
+            order = epoch_row_order(
+                self.num_rows, shuffle=self.shuffle, seed=self.seed, epoch=epoch
+            )
             self._order = (epoch, order)
         return self._order[1]
 
@@ -117,11 +163,31 @@ class StatefulPromptLoader:
 
     def next_batch(self) -> Any:
         """The next batch; moves the position on (to the next epoch after its last batch)."""
-        rows = self.batch_rows(self._epoch, self._batch_index)
+        position = (self._epoch, self._batch_index)
+        if self.num_workers == 0:
+            batch = self.dataset.collate(self.batch_rows(*position))
+        else:
+            batch = self._from_workers(position)
         self._batch_index += 1
         if self._batch_index == len(self):
             self._epoch, self._batch_index = self._epoch + 1, 0
-        return self.dataset.collate(rows)
+        if self._stream is not None:
+            self._stream_at = (self._epoch, self._batch_index)
+        return batch
+
+    def _from_workers(self, position: tuple[int, int]) -> Any:
+        if self._stream is None or self._stream_at != position:
+            self.close()  # a restored position: what was prefetched is not what comes next
+            row_lists = _row_lists(
+                self.num_rows, self.batch_size, len(self), self.shuffle, self.seed, *position
+            )
+            self._stream = collate_batches(self.dataset, row_lists, self.num_workers)
+        return next(self._stream)
+
+    def close(self) -> None:
+        """Stop the worker processes (the stream holds no reference back to the loader, so
+        dropping it stops them at once); a later batch starts them again."""
+        self._stream, self._stream_at = None, None
 
     def __iter__(self) -> Iterator[Any]:
         for _ in range(len(self) - self._batch_index):

@@ -15,7 +15,9 @@ Length limit ``max_prompt_length`` (as verl's ``data.truncation``):
 - ``middle``: keep the first ``max_prompt_length // 2`` and the last
   ``max_prompt_length - max_prompt_length // 2`` tokens.
 ``filter_overlong_prompts`` drops overlong prompts before training (before any truncation) and
-reports how many were dropped.
+reports how many were dropped. Measuring a prompt means encoding it, so the encoding pass is the
+filter: with ``num_workers`` > 1 (verl's ``filter_overlong_prompts_workers``, its ``num_proc``)
+it runs in that many processes (`encode_prompts`), with the same ids in the same order.
 
 Batch layout (the prompt DataProto the rollout stage reads), P = ``max_prompt_length`` by default
 (as verl) or the longest prompt of the batch with ``pad_to_max_length=False``:
@@ -23,15 +25,19 @@ Batch layout (the prompt DataProto the rollout stage reads), P = ``max_prompt_le
 - ``attention_mask`` (B, P) int64, 0 on padding, 1 on prompt tokens;
 - ``position_ids`` (B, P) int64 = clip(cumsum(attention_mask) − 1, min=0): 0 on the left padding,
   then 0, 1, 2, … over the prompt (verl's ``compute_position_id_with_mask``);
-- non-tensors (B,) object: ``raw_prompt`` (the messages), ``data_source``, ``reward_model``,
-  ``extra_info``, ``ability``, ``index`` (``extra_info["index"]``, 0 when absent, as verl) and
-  ``uid`` when every row of the dataset has one.
+- non-tensors (B,) object: ``raw_prompt`` (the messages; only with ``return_raw_chat``, verl's
+  ``data.return_raw_chat``), ``data_source``, ``reward_model``, ``extra_info``, ``ability``,
+  ``index`` (``extra_info["index"]``, 0 when absent, as verl), ``uid`` when every row of the
+  dataset has one, and ``reward_route`` when ``data.reward_fn_key`` names a column other than
+  ``data_source`` (`stages.data.dataset`).
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -43,12 +49,14 @@ from tensordict import TensorDict
 
 from dataproto import keys
 from dataproto.protocol import DataProto
-from stages.data.dataset import PromptRow, load_prompt_rows
+from stages.data.dataset import PromptRow, load_prompt_rows, max_samples_indices
 
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 INDEX = keys.INDEX
+#: worker processes start from a clean server process (``fork`` after torch is unsafe)
+START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
 def plain_template(messages: Sequence[dict[str, Any]]) -> str:
@@ -77,6 +85,46 @@ def encode_prompt(tokenizer: Any, messages: Sequence[dict[str, Any]]) -> list[in
     return list(
         tokenizer(render_prompt(tokenizer, messages), add_special_tokens=False)["input_ids"]
     )
+
+
+_worker_tokenizer: Any = None  # the tokenizer of an encode_prompts worker process
+
+
+def _init_encoder(tokenizer: Any) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer
+
+
+def _encode_chunk(chats: list[list[dict[str, Any]]]) -> list[list[int]]:
+    return [encode_prompt(_worker_tokenizer, messages) for messages in chats]
+
+
+def encode_prompts(
+    tokenizer: Any, chats: Sequence[Sequence[dict[str, Any]]], num_workers: int = 1
+) -> list[list[int]]:
+    """`encode_prompt` of every chat, in order; in ``num_workers`` processes when > 1.
+
+    Each worker receives the tokenizer once and encodes contiguous chunks, so the ids are those
+    of the serial pass, in the same order.
+
+    Example:
+        >>> class Chars:
+        ...     chat_template = None
+        ...     def __call__(self, text, add_special_tokens): return {"input_ids": [len(text)]}
+        >>> encode_prompts(Chars(), [[{"role": "user", "content": "ab"}]])
+        [[20]]
+    """
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1 process, got {num_workers}")
+    if num_workers == 1 or len(chats) < 2:
+        return [encode_prompt(tokenizer, messages) for messages in chats]
+    workers = min(num_workers, len(chats))
+    size = -(-len(chats) // (4 * workers))  # about four chunks per worker
+    chunks = [list(chats[i : i + size]) for i in range(0, len(chats), size)]
+    with ProcessPoolExecutor(
+        workers, mp.get_context(START_METHOD), initializer=_init_encoder, initargs=(tokenizer,)
+    ) as pool:
+        return [ids for chunk in pool.map(_encode_chunk, chunks) for ids in chunk]
 
 
 def truncate_prompt_ids(
@@ -146,7 +194,8 @@ def _object_array(values: Sequence[Any]) -> np.ndarray:
 class PromptDataset:
     """Validated rows with their token ids, ready to be collated into prompt DataProtos.
 
-    ``num_filtered`` counts the rows dropped by ``filter_overlong_prompts``.
+    ``num_filtered`` counts the rows dropped by ``filter_overlong_prompts``; ``return_raw_chat``
+    puts the messages in every batch as ``raw_prompt``.
     """
 
     rows: list[PromptRow]
@@ -155,6 +204,7 @@ class PromptDataset:
     max_prompt_length: int
     pad_to_max_length: bool = True
     num_filtered: int = 0
+    return_raw_chat: bool = True
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -163,6 +213,11 @@ class PromptDataset:
     def has_uid(self) -> bool:
         """Whether every row has a ``uid`` (then batches carry it as the prompt group id)."""
         return bool(self.rows) and all(r.uid is not None for r in self.rows)
+
+    @cached_property
+    def has_reward_route(self) -> bool:
+        """Whether the rows carry a ``reward_route`` (``data.reward_fn_key`` is another column)."""
+        return bool(self.rows) and all(r.reward_route is not None for r in self.rows)
 
     def collate(self, indices: Sequence[int]) -> DataProto:
         """The prompt DataProto of the rows at ``indices`` (layout in the module docstring)."""
@@ -177,8 +232,10 @@ class PromptDataset:
             keys.ATTENTION_MASK: attention_mask,
             keys.POSITION_IDS: position_ids,
         }
-        non_tensors = {
-            keys.RAW_PROMPT: _object_array([r.prompt for r in rows]),
+        non_tensors = {}
+        if self.return_raw_chat:
+            non_tensors[keys.RAW_PROMPT] = _object_array([r.prompt for r in rows])
+        non_tensors |= {
             keys.DATA_SOURCE: _object_array([r.data_source for r in rows]),
             keys.REWARD_MODEL: _object_array([r.reward_model for r in rows]),
             keys.EXTRA_INFO: _object_array([r.extra_info for r in rows]),
@@ -187,6 +244,8 @@ class PromptDataset:
         }
         if self.has_uid:
             non_tensors[keys.UID] = _object_array([r.uid for r in rows])
+        if self.has_reward_route:
+            non_tensors[keys.REWARD_ROUTE] = _object_array([r.reward_route for r in rows])
         batch = TensorDict(tensors, batch_size=[len(rows)])
         return DataProto(batch=batch, non_tensor_batch=non_tensors, meta_info={})
 
@@ -199,8 +258,11 @@ def build_prompt_dataset(
     truncation: str = "error",
     filter_overlong_prompts: bool = False,
     pad_to_max_length: bool = True,
+    num_workers: int = 1,
+    return_raw_chat: bool = True,
 ) -> PromptDataset:
-    """Tokenise rows, drop (``filter_overlong_prompts``) or truncate overlong ones.
+    """Tokenise rows (in ``num_workers`` processes when > 1, `encode_prompts`), drop
+    (``filter_overlong_prompts``) or truncate overlong ones.
 
     Raises:
         ValueError: an overlong prompt under ``truncation="error"`` (names the row, its length
@@ -217,8 +279,8 @@ def build_prompt_dataset(
             "(e.g. to its eos token) before building the dataset"
         )
     kept_rows, kept_ids = [], []
-    for row in rows:
-        ids = encode_prompt(tokenizer, row.prompt)
+    encoded = encode_prompts(tokenizer, [row.prompt for row in rows], num_workers)
+    for row, ids in zip(rows, encoded):
         if filter_overlong_prompts and len(ids) > max_prompt_length:
             continue
         label = str(row.origin) if row.origin is not None else "prompt"
@@ -233,7 +295,13 @@ def build_prompt_dataset(
             max_prompt_length,
         )
     return PromptDataset(
-        kept_rows, kept_ids, pad_token_id, max_prompt_length, pad_to_max_length, num_filtered
+        kept_rows,
+        kept_ids,
+        pad_token_id,
+        max_prompt_length,
+        pad_to_max_length,
+        num_filtered,
+        return_raw_chat,
     )
 
 
@@ -246,14 +314,24 @@ def load_prompt_dataset(
     truncation: str = "error",
     filter_overlong_prompts: bool = False,
     pad_to_max_length: bool = True,
+    reward_fn_key: str = "data_source",
+    max_samples: int = -1,
+    shuffle: bool = False,
+    seed: int | None = None,
+    num_workers: int = 1,
+    return_raw_chat: bool = True,
 ) -> PromptDataset:
-    """`load_prompt_rows` then `build_prompt_dataset`: one split, ready for the loader."""
-    rows = load_prompt_rows(paths, prompt_key=prompt_key)
+    """`load_prompt_rows`, the ``max_samples`` cap (`max_samples_indices`, before the overlong
+    filter as in verl), then `build_prompt_dataset`: one split, ready for the loader."""
+    rows = load_prompt_rows(paths, prompt_key=prompt_key, reward_fn_key=reward_fn_key)
+    kept = max_samples_indices(len(rows), max_samples, shuffle=shuffle, seed=seed)
     return build_prompt_dataset(
-        rows,
+        [rows[i] for i in kept],
         tokenizer,
         max_prompt_length=max_prompt_length,
         truncation=truncation,
         filter_overlong_prompts=filter_overlong_prompts,
         pad_to_max_length=pad_to_max_length,
+        num_workers=num_workers,
+        return_raw_chat=return_raw_chat,
     )

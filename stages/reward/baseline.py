@@ -5,7 +5,7 @@ Runs only with ``algorithm.adv_estimator: remax``, after the reward stage, so ``
 
 requires: ``baseline_responses`` / ``baseline_response_mask`` (B, R) (the baseline_rollout
 stage), the step input's ``prompt_input_ids`` / ``prompt_attention_mask`` (B, P), ``uid`` /
-``data_source`` / ``reward_model`` (B,); optional ``extra_info`` (B,).
+``data_source`` / ``reward_model`` (B,); optional ``extra_info`` / ``reward_route`` (B,).
 produces: ``reward_baselines`` (B,) float32.
 
 Each prompt group (rows sharing a ``uid``) is scored once: its greedy sequence (prompt ‖ greedy
@@ -32,7 +32,7 @@ from stages.stage import Stage, StageContext, non_tensor, tensor
 
 BASELINE_METRIC = "reward/baseline_mean"
 #: the non-tensor keys the scorers read, copied to the greedy rows when present
-SCORER_NON_TENSORS = (K.UID, K.DATA_SOURCE, K.REWARD_MODEL, K.EXTRA_INFO)
+SCORER_NON_TENSORS = (K.UID, K.DATA_SOURCE, K.REWARD_MODEL, K.EXTRA_INFO, K.REWARD_ROUTE)
 
 
 def greedy_sequences(batch: DataProto, rows: torch.Tensor) -> DataProto:
@@ -91,7 +91,7 @@ BASELINE_REWARD_STAGE = Stage(
     produces=(tensor(K.REWARD_BASELINES),),
     fn=baseline_reward_fn,
     when=needs_greedy_baseline,
-    optional=(non_tensor(K.EXTRA_INFO),),
+    optional=(non_tensor(K.EXTRA_INFO), non_tensor(K.REWARD_ROUTE)),
     config_keys=CONFIG_KEYS,
     file_keys=FILE_KEYS,
 )

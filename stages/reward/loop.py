@@ -2,9 +2,11 @@
 
 For each row the loop decodes the valid response tokens (``responses[i, :L_i]``, special tokens
 skipped) and, when the scorer's signature names ``prompt_str``, the valid prompt tokens (the last
-``attention_mask[i, :P].sum()`` of ``prompts[i]``); it reads ``data_source``,
-``reward_model["ground_truth"]`` and ``extra_info`` and calls verl's signature
-``compute_score(data_source=, solution_str=, ground_truth=, extra_info=, **scorer_kwargs)``.
+``attention_mask[i, :P].sum()`` of ``prompts[i]``); it reads the row's route (``data_source``, or
+``reward_route`` when ``data.reward_fn_key`` names another column: verl's
+``row[reward_fn_key]``), ``reward_model["ground_truth"]`` and ``extra_info`` and calls verl's
+signature ``compute_score(data_source=<route>, solution_str=, ground_truth=, extra_info=,
+**scorer_kwargs)``.
 
 Sync scorers run in a :class:`~stages.reward.pool.ScorerPool` of ``num_workers`` processes (no
 GIL contention; a hung or dead worker is killed / replaced). ``async def`` scorers run on an
@@ -85,20 +87,32 @@ def _ground_truth(reward_model: Any, row: int, uid: Any) -> Any:
 
 
 def build_calls(
-    batch: DataProto, tokenizer: Any, *, with_prompt: bool, scorer_kwargs: dict[str, Any]
+    batch: DataProto,
+    tokenizer: Any,
+    *,
+    with_prompt: bool,
+    scorer_kwargs: dict[str, Any],
+    route_key: str = K.DATA_SOURCE,
 ) -> list[dict[str, Any]]:
     """One keyword-argument dict per row for ``compute_score``.
 
     Reads (tensor) ``responses`` (B, R), ``attention_mask`` (B, T), ``prompts`` (B, P) when
-    ``with_prompt``; (non-tensor) ``data_source``, ``reward_model``, ``extra_info`` (optional),
-    ``uid`` (optional, for messages).
+    ``with_prompt``; (non-tensor) ``route_key`` (``data_source`` or ``reward_route``: the value
+    passed as ``data_source=``), ``reward_model``, ``extra_info`` (optional), ``uid`` (optional,
+    for messages).
     """
     responses, attention_mask = batch.batch[K.RESPONSES], batch.batch[K.ATTENTION_MASK]
     nt = batch.non_tensor_batch
-    for key in (K.DATA_SOURCE, K.REWARD_MODEL):
+    for key in (route_key, K.REWARD_MODEL):
         if key not in nt:
+            hint = (
+                " (data.reward_fn_key names a column other than data_source: load the data "
+                "with that reward_fn_key so each row carries it)"
+                if key == K.REWARD_ROUTE
+                else ""
+            )
             raise KeyError(
-                f"the reward loop needs non_tensor_batch[{key!r}]; batch has {sorted(nt)}"
+                f"the reward loop needs non_tensor_batch[{key!r}]{hint}; batch has {sorted(nt)}"
             )
     lengths = response_lengths(attention_mask, responses.shape[1])  # (B,)
     solutions = decode_rows(tokenizer, responses, lengths, from_end=False)
@@ -112,7 +126,7 @@ def build_calls(
     calls = []
     for i, solution in enumerate(solutions):
         call = {
-            "data_source": nt[K.DATA_SOURCE][i],
+            "data_source": nt[route_key][i],
             "solution_str": solution,
             "ground_truth": _ground_truth(nt[K.REWARD_MODEL][i], i, uids[i]),
             "extra_info": extra_infos[i],
@@ -219,14 +233,16 @@ class RewardLoop:
 
     def score(self, batch: DataProto) -> LoopResult:
         """Decode and score every row of ``batch``; see :func:`build_calls` for the keys read."""
-        if self.scorer == DEFAULT_SCORER:
-            check_data_sources(batch.non_tensor_batch[K.DATA_SOURCE])  # unknown names fail now
+        route_key = self.settings.route_key
         calls = build_calls(
             batch,
             self.tokenizer,
             with_prompt=self.wants_prompt,
             scorer_kwargs=self.settings.scorer_kwargs,
+            route_key=route_key,
         )
+        if self.scorer == DEFAULT_SCORER:
+            check_data_sources(batch.non_tensor_batch[route_key])  # unknown names fail now
         uids = batch.non_tensor_batch.get(K.UID, np.arange(len(calls)))
         return self.score_calls(calls, uids)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dataproto import keys as K
+
 #: how the reward model's score and the rule-based score combine when both run
 Combine = Literal["replace", "sum"]
 
@@ -23,6 +25,9 @@ class RewardSettings:
     max_concurrent: ``async def`` scorers: samples awaited at once.
     custom_path / custom_name: a custom scorer file and function (None: route by data_source).
     scorer_kwargs: extra keyword arguments passed to every scorer call.
+    reward_fn_key: ``data.reward_fn_key``, the column whose value routes each row: ``data_source``
+        (the default) reads ``non_tensor_batch["data_source"]``; any other column was loaded as
+        ``non_tensor_batch["reward_route"]`` (``stages.data.dataset``), which is read instead.
     reward_model_enable / reward_model_path: route B, a sequence-classification reward model.
     reward_model_micro_batch: sequences per reward-model forward (None: one chunk per worker).
     reward_model_trust_remote_code: let the reward model run its own modelling code.
@@ -37,6 +42,7 @@ class RewardSettings:
     custom_path: str | None = None
     custom_name: str = "compute_score"
     scorer_kwargs: dict[str, Any] = field(default_factory=dict)
+    reward_fn_key: str = "data_source"
     reward_model_enable: bool = False
     reward_model_path: str | None = None
     reward_model_micro_batch: int | None = None
@@ -50,10 +56,17 @@ class RewardSettings:
             raise ValueError(f"reward.timeout_s must be > 0 seconds or None, got {self.timeout_s}")
         if self.combine not in ("replace", "sum"):
             raise ValueError(f"reward combine must be 'replace' or 'sum', got {self.combine!r}")
+        if not self.reward_fn_key:
+            raise ValueError("data.reward_fn_key must name a column, got an empty string")
         if self.reward_model_enable and not self.reward_model_path:
             raise ValueError(
                 "reward.reward_model.enable = true needs reward.reward_model.model_path"
             )
+
+    @property
+    def route_key(self) -> str:
+        """The non-tensor key holding each row's route: ``data_source`` or ``reward_route``."""
+        return K.DATA_SOURCE if self.reward_fn_key == K.DATA_SOURCE else K.REWARD_ROUTE
 
     @property
     def uses_loop(self) -> bool:
@@ -73,6 +86,7 @@ CONFIG_KEYS = (
     "reward.reward_model.micro_batch_size_per_gpu",
     "reward.reward_model.trust_remote_code",
     "reward.reward_model.combine",
+    "data.reward_fn_key",
 )
 #: config paths naming files the reward stage reads: the custom reward file, the reward model
 #: directory, the tokenizer that decodes responses; their contents enter the cache key
@@ -97,4 +111,5 @@ def settings_from_config(config: Any) -> RewardSettings:
         reward_model_micro_batch=reward.reward_model.micro_batch_size_per_gpu,
         reward_model_trust_remote_code=reward.reward_model.trust_remote_code,
         combine=reward.reward_model.combine,
+        reward_fn_key=config.data.reward_fn_key,
     )
