@@ -37,6 +37,7 @@ from typing import Any
 
 from dataproto import DataProto
 from dataproto import keys as K
+from flows.cache_keys import plugin_names
 from flows.checkpoints import (
     controller_state,
     load_run_checkpoint,
@@ -44,6 +45,7 @@ from flows.checkpoints import (
     resume_step,
     save_run_checkpoint,
 )
+from flows.code_fingerprint import code_change_notice, run_code
 from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
 from flows.generations_dump import dump_rollout, dump_validation
 from flows.mlflow_logger import MLflowLogger
@@ -134,6 +136,7 @@ class TrainRun:
             "loader": self.loader.state_dict(),
             "kl_ctrl": controller_state(self.kl_ctrl),
             "weights_lineage": self.lineage.state_dict(),
+            "code_files": dict(run_code(PPO_STAGES, plugin_names(self.cfg)).files),
         }
 
 
@@ -181,6 +184,10 @@ def resume(run: TrainRun) -> None:
     run.lineage.current.update(state["weights_lineage"])
     run.start_step = step + 1
     run.progress.console.print(f"resumed from {root}/global_step_{step}")
+    current = run_code(PPO_STAGES, plugin_names(run.cfg)).files
+    notice = code_change_notice(state.get("code_files"), current)
+    if notice is not None:
+        run.progress.console.print(notice)
 
 
 # --- one step ----------------------------------------------------------------------------------
@@ -218,6 +225,7 @@ def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRe
         temperature=cfg.actor_rollout_ref.rollout.temperature,
         global_steps=step,
         kl_coef=None if run.kl_ctrl is None else run.kl_ctrl.value,
+        uid_seed=cfg.trainer.seed,
     )
     weights_at_start = run.lineage.state_dict()
     result = run_step.fn(
