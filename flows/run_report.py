@@ -28,6 +28,7 @@ paths inside the run directory relative to it and every other path in full.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -394,6 +395,28 @@ def record_lines(step: int, record: StageRecord) -> list[str]:
     ]
     if record.metrics:
         lines += ["metrics", *_metric_lines(record.metrics, "  ")]
+    if record.key_parts:
+        lines += ["cache key parts", *key_part_lines(record.key_parts)]
+    return lines
+
+
+def key_part_lines(parts: dict) -> list[str]:
+    """The parts a cache key was hashed from (flows/cache_keys.py), one per line: code and
+    weights fingerprints shortened, every config value, file digest and input fingerprint.
+
+    >>> key_part_lines({"code": "ab" * 32, "config": {"a.b": 0.2}, "weights": None})
+    ['  code         abababababababab…', '  weights      -', '  config       a.b = 0.2']
+    """
+    lines = []
+    for name in ("code", "version", "weights", "seed"):
+        if name in parts:
+            value = parts[name]
+            shown = f"{value[:16]}…" if isinstance(value, str) and len(value) > 16 else value
+            lines.append(f"  {name:<12} {'-' if value is None else shown}")
+    for name in ("config", "files", "inputs", "optional"):
+        for key, value in sorted((parts.get(name) or {}).items()):
+            shown = f"{value[:23]}…" if isinstance(value, str) and len(value) > 24 else value
+            lines.append(f"  {name:<12} {key} = {json.dumps(shown, ensure_ascii=False)}")
     return lines
 
 
