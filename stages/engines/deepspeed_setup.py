@@ -42,6 +42,7 @@ class EngineSettings:
     total_steps: training steps the cosine schedule spans (the schedule advances once per training
         step, i.e. per update call, as in verl — not per optimizer step).
     min_lr_ratio: the cosine schedule's floor as a fraction of lr.
+    num_cycles: cosine waves over the schedule (0.5: one half-cosine decay from lr to the floor).
     offload_optimizer / offload_param: ZeRO offload of optimizer state / parameters to CPU memory.
     """
 
@@ -56,6 +57,7 @@ class EngineSettings:
     warmup_steps: int = 0
     total_steps: int = 1
     min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
     offload_optimizer: bool = False
     offload_param: bool = False
 
@@ -68,6 +70,8 @@ class EngineSettings:
             raise ValueError(
                 f"lr_scheduler must be 'constant' or 'cosine', got {self.lr_scheduler!r}"
             )
+        if not self.num_cycles > 0:
+            raise ValueError(f"num_cycles must be > 0 (cycles), got {self.num_cycles}")
         if (self.offload_optimizer or self.offload_param) and self.zero_stage == 0:
             raise ValueError(
                 "optimizer/parameter offload needs zero_stage ≥ 1 (param offload needs 3)"
@@ -200,7 +204,14 @@ def deepspeed_config(
 
 def lr_lambda(settings: EngineSettings):
     """Multiplier of the base lr at optimizer step s: linear warm-up over ``warmup_steps``, then
-    constant, or cosine from 1 to ``min_lr_ratio`` over the remaining ``total_steps − warmup_steps``."""
+    constant, or verl's ``get_cosine_schedule_with_warmup`` over the remaining
+    ``total_steps − warmup_steps``:
+
+        m(s) = floor + (1 − floor) · ½ · (1 + cos(2π · num_cycles · p)),
+        p = min(1, (s − warmup) / (total − warmup)),  floor = min_lr_ratio
+
+    so ``num_cycles = 0.5`` decays once from 1 to the floor, and ``num_cycles = 1`` comes back
+    up to 1 at the end. (p stops at 1: a step past ``total_steps`` keeps the last value.)"""
     warmup, total, floor = (
         settings.warmup_steps,
         max(settings.total_steps, 1),
@@ -213,7 +224,8 @@ def lr_lambda(settings: EngineSettings):
         if settings.lr_scheduler == "constant":
             return 1.0
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        wave = math.cos(2 * math.pi * settings.num_cycles * progress)
+        return floor + (1 - floor) * 0.5 * (1 + wave)
 
     return multiplier
 

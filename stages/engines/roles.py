@@ -41,6 +41,7 @@ def engine_settings(
         warmup_steps=optim.warmup_steps(total_training_steps),
         total_steps=total_training_steps,
         min_lr_ratio=optim.min_lr_ratio,
+        num_cycles=optim.num_cycles,
         offload_optimizer=role_cfg.optimizer_offload,
         offload_param=role_cfg.param_offload,
     )

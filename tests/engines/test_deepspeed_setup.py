@@ -34,6 +34,45 @@ def test_cosine_schedule_reaches_its_floor():
     assert multiplier(40) == pytest.approx(0.1)
 
 
+def _verl_cosine(step: int, warmup: int, total: int, floor: float, num_cycles: float) -> float:
+    """verl's get_cosine_schedule_with_warmup lr_lambda after warm-up (torch_functional.py)."""
+    progress = (step - warmup) / max(1, total - warmup)
+    x = math.cos(math.pi * num_cycles * 2.0 * progress)
+    return max(floor, x * (1 - floor) * 0.5 + (1 + floor) * 0.5)
+
+
+@pytest.mark.parametrize("num_cycles", [0.5, 1.0, 1.5, 0.25])
+def test_cosine_num_cycles_follows_verl(num_cycles):
+    """One full cycle (1.0) returns to the peak at the end; 1.5 ends at the floor; the default
+    0.5 is the half-cosine decay. Worked value: num_cycles=1, floor 0, halfway → cos(π) → 0."""
+    settings = EngineSettings(
+        lr_scheduler="cosine",
+        warmup_steps=2,
+        total_steps=10,
+        min_lr_ratio=0.2,
+        num_cycles=num_cycles,
+    )
+    multiplier = lr_lambda(settings)
+    for step in range(2, 11):
+        assert multiplier(step) == pytest.approx(_verl_cosine(step, 2, 10, 0.2, num_cycles))
+    full = lr_lambda(EngineSettings(lr_scheduler="cosine", total_steps=10, num_cycles=1.0))
+    assert (full(0), full(5), full(10)) == pytest.approx((1.0, 0.0, 1.0))
+
+
+def test_num_cycles_reaches_the_engine_settings():
+    from stages.config import load_config
+    from stages.engines.roles import engine_settings
+
+    cfg = load_config(
+        None, ["actor_rollout_ref.actor.optim.num_cycles=1.5", "critic.optim.num_cycles=2.0"]
+    )
+    actor = cfg.actor_rollout_ref.actor
+    assert engine_settings(actor, actor.optim, "float32", 10).num_cycles == 1.5
+    assert engine_settings(cfg.critic, cfg.critic.optim, "float32", 10).num_cycles == 2.0
+    with pytest.raises(ValueError, match="num_cycles"):
+        EngineSettings(num_cycles=0.0)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
