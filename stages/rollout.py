@@ -90,6 +90,7 @@ ROLLOUT_STAGE = Stage(
         "actor_rollout_ref.rollout.top_p",
         "actor_rollout_ref.rollout.top_k",
         "actor_rollout_ref.rollout.do_sample",
+        "actor_rollout_ref.rollout.ignore_eos",
         "actor_rollout_ref.rollout.response_length",
     ),
     reads_weights=True,
@@ -184,6 +185,7 @@ BASELINE_ROLLOUT_STAGE = Stage(
     config_keys=(
         "actor_rollout_ref.rollout.name",
         "actor_rollout_ref.rollout.response_length",
+        "actor_rollout_ref.rollout.ignore_eos",
     ),
     reads_weights=True,
     engine="actor",

@@ -63,7 +63,8 @@ def sampling_settings(
 
     ``greedy=True`` decodes greedily whatever the config says (``do_sample=False``, temperature 1,
     no top-k / top-p: vLLM gets ``temperature=0``), with the same response length: ReMax's
-    baseline rollout (verl's ``do_sample=False`` request).
+    baseline rollout (verl's ``do_sample=False`` request). ``rollout.ignore_eos`` applies to every
+    call (training, validation, greedy), as verl's rollout config does.
     """
     rollout = config.actor_rollout_ref.rollout
     source = rollout.val_kwargs if validate else rollout
@@ -76,6 +77,7 @@ def sampling_settings(
         top_p=source.top_p if do_sample else 1.0,
         top_k=source.top_k if do_sample else -1,
         do_sample=do_sample,
+        ignore_eos=rollout.ignore_eos,
         max_batch_rows=rollout.max_num_seqs,
     )
 

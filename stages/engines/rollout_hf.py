@@ -9,7 +9,8 @@ Output (B rows, one response each):
     input_ids         (B, P + R) prompts ‖ responses
     attention_mask    (B, P + R) prompt mask ‖ response_mask
     position_ids      (B, P + R) prompt positions, then last prompt position + 1, + 2, …
-    response_mask     (B, R) 1 on generated tokens up to and including the first EOS
+    response_mask     (B, R) 1 on generated tokens up to and including the first EOS (with
+                      ``ignore_eos``: on all R tokens, an EOS among them is an ordinary token)
     rollout_log_probs (B, R) log softmax(logits / temperature) at the chosen token (0 at padding)
 
 ``rollout_log_probs`` are taken from the raw logits before top-k / top-p truncation, i.e. the
@@ -36,6 +37,8 @@ class SamplingSettings:
     response_length: R, the maximum number of generated tokens (and the output width).
     temperature / top_p / top_k: top_k ≤ 0 means no top-k; ignored when do_sample is False.
     eos_token_id: one id or several; pad_token_id pads responses after EOS.
+    ignore_eos: verl's ``rollout.ignore_eos``: generation does not stop at EOS, every response
+        has ``response_length`` tokens and its mask covers them all (``stop_ids`` is empty).
     max_batch_rows: rows generated together (bounds the KV cache); 0 = all rows at once.
     """
 
@@ -46,6 +49,7 @@ class SamplingSettings:
     top_p: float = 1.0
     top_k: int = -1
     do_sample: bool = True
+    ignore_eos: bool = False
     max_batch_rows: int = 0
 
     def __post_init__(self) -> None:
@@ -64,12 +68,17 @@ class SamplingSettings:
             (self.eos_token_id,) if isinstance(self.eos_token_id, int) else tuple(self.eos_token_id)
         )
 
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The ids that end a response: ``eos_ids``, or none with ``ignore_eos``."""
+        return () if self.ignore_eos else self.eos_ids
+
     def generation_config(self) -> GenerationConfig:
         sampling = dict(temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0))
         return GenerationConfig(
             max_new_tokens=self.response_length,
             do_sample=self.do_sample,
-            eos_token_id=list(self.eos_ids),
+            eos_token_id=list(self.stop_ids),  # [] (not None): the model's own EOS is not used
             pad_token_id=self.pad_token_id,
             **(sampling if self.do_sample else {}),
         )
@@ -107,13 +116,18 @@ class ChosenTokenLogProbs(LogitsProcessor):
 
 
 def response_mask_from_tokens(responses: Tensor, eos_ids: tuple[int, ...]) -> Tensor:
-    """(B, R) int64 mask: 1 up to and including the first EOS, 0 after it (all 1 without EOS).
+    """(B, R) int64 mask: 1 up to and including the first EOS, 0 after it (all 1 without EOS,
+    or when ``eos_ids`` is empty: ``ignore_eos``).
 
     Example:
         >>> response_mask_from_tokens(torch.tensor([[5, 2, 0], [5, 6, 7]]), (2,))
         tensor([[1, 1, 0],
                 [1, 1, 1]])
+        >>> response_mask_from_tokens(torch.tensor([[5, 2, 0]]), ())
+        tensor([[1, 1, 1]])
     """
+    if not eos_ids:
+        return torch.ones_like(responses, dtype=torch.long)
     is_eos = torch.isin(responses, torch.tensor(eos_ids, device=responses.device))
     eos_before = is_eos.long().cumsum(dim=1) - is_eos.long()  # EOS strictly before each position
     return (eos_before == 0).long()
@@ -188,7 +202,7 @@ def assemble_rollout(
     )
     device = input_ids.device
     responses, log_probs = responses.to(device), log_probs.to(device)
-    response_mask = response_mask_from_tokens(responses, settings.eos_ids)  # (B, R)
+    response_mask = response_mask_from_tokens(responses, settings.stop_ids)  # (B, R)
     responses = responses.masked_fill(response_mask == 0, settings.pad_token_id)
     offsets = torch.arange(1, settings.response_length + 1, device=device)
     out = TensorDict(

@@ -9,7 +9,8 @@ Input: a prompt batch already repeated ``n`` times (interleaved), left-padded ``
     input_ids         (B, P + R) prompts ‖ responses
     attention_mask    (B, P + R) prompt mask ‖ response_mask
     position_ids      (B, P + R) prompt positions, then last prompt position + 1, + 2, …
-    response_mask     (B, R) 1 on generated tokens up to and including the first EOS
+    response_mask     (B, R) 1 on generated tokens up to and including the first EOS (all R
+                      with ``ignore_eos``)
     rollout_log_probs (B, R) log softmax(logits / temperature) at the chosen token (0 at padding)
 
 Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"`` (verl's setting), so vLLM
@@ -19,8 +20,9 @@ With top-k or top-p active vLLM returns the *truncated, renormalised* distributi
 which the actor's recomputation does not reproduce; that case is refused unless the rollout was
 built with ``allow_truncated_log_probs=True`` (verl's behaviour).
 
-EOS: generation stops at ``settings.eos_ids`` only (``ignore_eos`` + ``stop_token_ids``), exactly
-like `rollout_hf`, whatever EOS the model's own generation config names. ``max_batch_rows`` is
+EOS: generation stops at ``settings.stop_ids`` only (vLLM's ``ignore_eos`` + ``stop_token_ids``),
+exactly like `rollout_hf`, whatever EOS the model's own generation config names: at the EOS ids,
+or, with ``rollout.ignore_eos``, nowhere before ``response_length`` tokens. ``max_batch_rows`` is
 not used: vLLM's scheduler bounds the KV cache itself.
 
 Weight sync (`VLLMRollout.sync_weights`): the actor's named tensors go to every worker, which
@@ -154,8 +156,8 @@ class VLLMRollout:
             n=1,
             max_tokens=settings.response_length,
             logprobs=0,  # the chosen token's log-prob only
-            ignore_eos=True,  # stop at settings.eos_ids only, as rollout_hf does
-            stop_token_ids=list(settings.eos_ids),
+            ignore_eos=True,  # stop at settings.stop_ids only, as rollout_hf does
+            stop_token_ids=list(settings.stop_ids),  # empty with rollout.ignore_eos
             detokenize=False,
             **sampling,
         )
