@@ -7,7 +7,10 @@
 - ``critic`` when ``derived.use_critic``: ``CriticWorker``;
 - the reward engines (``reward_loop`` and/or ``reward_model``, ``stages.reward.stage``).
 
-Where a model role runs follows ``ppoflow.workers.backend``:
+Where a model role runs follows ``ppoflow.workers.backend``, a ``WORKER_BACKENDS`` entry whose
+spec says whether its ranks run in the driver process (``ranks_in_driver``) and how many it can
+run; the rollout backend's entry says whether its engine needs the actor in the driver
+(:func:`check_backend`):
 
 - ``local``: :class:`InProcessRole`, the worker in this process (world size 1, so
   ``trainer.n_gpus_per_node × trainer.nnodes`` must be 1), with the worker-group call signature
@@ -50,7 +53,9 @@ import numpy as np
 import torch
 
 from dataproto import DataProto
-from stages.engines.worker_group import check_method
+from stages.engines.rollout_backends import ROLLOUT_BACKENDS
+from stages.engines.worker_group import WORKER_BACKENDS, check_method
+from stages.plugins import import_plugins, plugin_roots
 from stages.reward.settings import settings_from_config
 from stages.reward.stage import build_reward_engines, close_reward_engines
 from stages.stage import Stage
@@ -89,28 +94,38 @@ class InProcessRole:
 
 
 def check_backend(config: Any) -> None:
-    """Fail before any engine is built on a backend or world size this module cannot run."""
-    backend, dp_size = config.ppoflow.workers.backend, config.derived.dp_size
-    if backend == "local" and dp_size != 1:
+    """Fail before any engine is built on a backend or world size this module cannot run: the
+    worker backend's and the rollout backend's registry entries say what they need."""
+    name, dp_size = config.ppoflow.workers.backend, config.derived.dp_size
+    backend = WORKER_BACKENDS.get(name)
+    rollout = config.actor_rollout_ref.rollout
+    if backend.max_world_size is not None and dp_size > backend.max_world_size:
         raise ValueError(
-            f"the local backend runs one rank in this process, but trainer.n_gpus_per_node × "
-            f"trainer.nnodes = {dp_size}; set ppoflow.workers.backend=ray for {dp_size} ranks, "
-            "or set both to 1"
+            f"the {name} backend runs at most {backend.max_world_size} rank(s), but "
+            f"trainer.n_gpus_per_node × trainer.nnodes = {dp_size}; set "
+            f"ppoflow.workers.backend={_unlimited_backends()} for {dp_size} ranks, or set both "
+            "to 1"
         )
-    if backend == "ray" and config.actor_rollout_ref.rollout.name == "vllm":
+    if ROLLOUT_BACKENDS.get(rollout.name).needs_in_process_actor and not backend.ranks_in_driver:
         raise NotImplementedError(
-            "actor_rollout_ref.rollout.name=vllm runs with ppoflow.workers.backend=local only so "
-            "far (one vLLM engine beside the one actor rank); set rollout.name=hf for the ray "
-            "backend"
+            f"actor_rollout_ref.rollout.name={rollout.name} runs its engine beside the one actor "
+            f"rank in the driver process, so with ppoflow.workers.backend={_in_driver_backends()} "
+            f"only so far (not {name}); set rollout.name to one of {_portable_rollouts()} for "
+            f"the {name} backend"
         )
-    if backend == "ray":
-        from stages.engines.worker_group_ray import import_ray
+    backend.check_available()
 
-        import_ray()  # an ImportError saying how to install the ray extra
-    elif backend != "local":
-        raise ValueError(
-            f"ppoflow.workers.backend={backend!r} is not a worker backend; use 'local' or 'ray'"
-        )
+
+def _unlimited_backends() -> str:
+    return "/".join(n for n in WORKER_BACKENDS if WORKER_BACKENDS.get(n).max_world_size is None)
+
+
+def _in_driver_backends() -> str:
+    return "/".join(n for n in WORKER_BACKENDS if WORKER_BACKENDS.get(n).ranks_in_driver)
+
+
+def _portable_rollouts() -> list[str]:
+    return [n for n in ROLLOUT_BACKENDS if not ROLLOUT_BACKENDS.get(n).needs_in_process_actor]
 
 
 def roles_for(config: Any) -> list[str]:
@@ -145,10 +160,13 @@ def build_rank_worker(
     paths in the config (model, checkpoints) mean what they mean to the driver. The RNGs are
     seeded with ``trainer.seed`` before the model is built (a freshly initialised head, e.g. the
     critic's value head, is then the same on every rank) and with ``trainer.seed + rank`` after
-    it (each rank samples its own rollouts); ``RANK`` is set by the worker group.
+    it (each rank samples its own rollouts); ``RANK`` is set by the worker group. The
+    ``ppoflow.plugins`` modules are imported first: the rank is a process of its own, and its
+    losses, KL estimators and rollout backend are looked up in the registries they extend.
     """
     if workdir is not None and os.path.isdir(workdir):
         os.chdir(workdir)
+    import_plugins(config.ppoflow.plugins)
     seed = config.trainer.seed
     seed_everything(seed)
     worker = new_worker(role, config, total_training_steps)
@@ -169,19 +187,19 @@ def build_role(config: Any, role: str, total_training_steps: int) -> Any:
     check_backend(config)
     if role not in MODEL_ROLES:
         raise KeyError(f"unknown model role {role!r}; expected one of {MODEL_ROLES}")
-    if config.ppoflow.workers.backend == "ray":
-        return _ray_role(config, role, total_training_steps)
-    return InProcessRole(new_worker(role, config, total_training_steps))
+    if WORKER_BACKENDS.get(config.ppoflow.workers.backend).ranks_in_driver:
+        return InProcessRole(new_worker(role, config, total_training_steps))
+    return _rank_group(config, role, total_training_steps)
 
 
-def _ray_role(config: Any, role: str, total_training_steps: int) -> Any:
-    """``derived.dp_size`` Ray ranks of ``role``; starts Ray (owned by this group) if needed."""
-    from stages.engines.worker_group_ray import RayWorkerGroup
-
+def _rank_group(config: Any, role: str, total_training_steps: int) -> Any:
+    """``derived.dp_size`` ranks of ``role``, each in its own process, from the worker backend's
+    ``make_group`` (Ray: starts Ray, owned by this group, if needed)."""
+    backend = WORKER_BACKENDS.get(config.ppoflow.workers.backend)
     dp_size = config.derived.dp_size
     gpus_per_rank = 1 if torch.cuda.is_available() else 0
     check_gpu_count(config, [role])
-    return RayWorkerGroup(
+    return backend.make_group(
         build_rank_worker,
         dp_size,
         num_cpus_per_rank=config.ppoflow.workers.num_cpus_per_rank,
@@ -191,7 +209,17 @@ def _ray_role(config: Any, role: str, total_training_steps: int) -> Any:
         config=config,
         total_training_steps=total_training_steps,
         workdir=os.getcwd(),
+        **_plugin_env(config),
     )
+
+
+def _plugin_env(config: Any) -> dict[str, Any]:
+    """``env`` for ranks in other processes: the directories the driver found the
+    ``ppoflow.plugins`` modules under, ahead of the driver's PYTHONPATH (none without plugins)."""
+    if not config.ppoflow.plugins:
+        return {}
+    paths = [*plugin_roots(config.ppoflow.plugins), os.environ.get("PYTHONPATH", "")]
+    return {"env": {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}}
 
 
 def check_gpu_count(config: Any, roles: list[str]) -> None:
@@ -231,7 +259,7 @@ def build_reward(config: Any, tokenizer: Any) -> dict[str, Any]:
 def build_engines(config: Any, tokenizer: Any, total_training_steps: int) -> dict[str, Any]:
     """Every engine the config needs, keyed for ``StageContext.engines`` (module docstring)."""
     check_backend(config)
-    if config.ppoflow.workers.backend == "ray":
+    if not WORKER_BACKENDS.get(config.ppoflow.workers.backend).ranks_in_driver:
         check_gpu_count(config, roles_for(config))
     engines: dict[str, Any] = {}
     try:

@@ -59,6 +59,11 @@ class Registry(Generic[T]):
                 f"unknown {self.kind} {name!r}; known: {sorted(self._entries)}"
             ) from None
 
+    def remove(self, name: str) -> None:
+        """Drop the entry ``name`` (a test's temporary registration); unknown names raise KeyError."""
+        self.get(name)
+        del self._entries[name]
+
     def names(self) -> list[str]:
         return sorted(self._entries)
 

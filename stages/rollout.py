@@ -12,9 +12,10 @@ actor's vLLM engine, to which the actor sends its weights after each update (and
 checkpoint) before the next rollout. Sampling settings come from ``actor_rollout_ref.rollout.*``.
 The stage reads the actor's weights, writes none, and is idempotent, so the flow may retry it.
 
-Stage 1b, baseline_rollout (only with ``algorithm.adv_estimator: remax``): ReMax's greedy
-baseline. One greedy (``do_sample=False``) response per prompt group — the rows sharing a ``uid``,
-which :func:`stages.ppo.make_step_input` made from one prompt — repeated to every row of the group.
+Stage 1b, baseline_rollout (only when the estimator's registry entry declares
+``needs_greedy_baseline``, as ``remax``'s does): ReMax's greedy baseline. One greedy
+(``do_sample=False``) response per prompt group — the rows sharing a ``uid``, which
+:func:`stages.ppo.make_step_input` made from one prompt — repeated to every row of the group.
 
 requires: ``prompt_*`` (B, P), ``uid`` (B,).
 produces: ``baseline_responses`` / ``baseline_response_mask`` (B, R), equal on the rows of a group.
@@ -34,6 +35,7 @@ from torch import Tensor
 
 from dataproto import DataProto
 from dataproto import keys as K
+from stages.algos.advantages import ADV_ESTIMATORS
 from stages.engine_calls import call_engine
 from stages.stage import Stage, StageContext, non_tensor, tensor
 
@@ -105,8 +107,9 @@ BASELINE_KEYS = (K.BASELINE_RESPONSES, K.BASELINE_RESPONSE_MASK)
 
 
 def needs_greedy_baseline(config) -> bool:
-    """Whether the step generates ReMax's greedy baseline (``algorithm.adv_estimator: remax``)."""
-    return config.algorithm.adv_estimator == "remax"
+    """Whether the step generates a greedy baseline: the estimator's registry entry declares
+    ``needs_greedy_baseline`` (of the built-in ones, ``remax``)."""
+    return ADV_ESTIMATORS.get(config.algorithm.adv_estimator).needs_greedy_baseline
 
 
 def prompt_groups(uid: np.ndarray) -> tuple[Tensor, Tensor]:

@@ -32,9 +32,10 @@ Example (vanilla at ratio 1 with A = 1: pg_loss −1; entropy 0.5 with coeff 0.1
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -42,6 +43,7 @@ from torch import Tensor
 from stages.algos.aggregation import GlobalBatchInfo, aggregate_loss
 from stages.algos.kl import kl_penalty
 from stages.algos.policy_loss_config import (
+    default_actor,
     read_settings,
     resolve_global_info,
     resolve_policy_loss_config,
@@ -49,22 +51,45 @@ from stages.algos.policy_loss_config import (
 )
 from stages.algos.policy_losses import get_policy_loss_fn
 
+if TYPE_CHECKING:
+    from stages.config.schema_actor import ActorConfig
+
 
 @dataclass(frozen=True)
 class ActorLossTerms:
-    """The actor settings beyond the policy loss itself (verl names and defaults).
+    """The actor settings beyond the policy loss itself (verl's names; no defaults here).
+
+    Each field is the ``actor_rollout_ref.actor`` key of the same name; its description and
+    default live in ``stages.config.schema_actor``.
 
     Attributes:
-        entropy_coeff: weight of the entropy bonus (subtracted); verl default 0.
+        entropy_coeff: weight of the entropy bonus (subtracted).
         use_kl_loss: add the KL-to-reference term to the loss (GRPO-style KL in loss).
         kl_loss_coef: weight of the KL term.
         kl_loss_type: ``kl_penalty`` estimator name for the KL term.
     """
 
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+
+    @classmethod
+    def from_actor(cls, actor: ActorConfig) -> ActorLossTerms:
+        """The terms of a typed ``actor_rollout_ref.actor`` slice."""
+        return cls(**{f.name: getattr(actor, f.name) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def resolve(cls, config: Any) -> ActorLossTerms:
+        """A typed actor slice is read whole; a verl-style config (mapping, object, None) gives
+        the fields it holds, the schema's defaults the rest."""
+        from stages.config.schema_actor import ActorConfig
+
+        if isinstance(config, ActorConfig):
+            return cls.from_actor(config)
+        return dataclasses.replace(
+            cls.from_actor(default_actor()), **read_settings(config, ActorLossTerms)
+        )
 
 
 def compute_actor_loss(
@@ -86,8 +111,9 @@ def compute_actor_loss(
         old_log_prob: (B, R) log π_old from the rollout-time policy (``old_log_probs``).
         advantages: (B, R) token advantages.
         response_mask: (B, R) 1 = token counts.
-        config: actor config with verl's names (object or mapping): clip_ratio*, loss_agg_mode,
-            policy_loss.*, entropy_coeff, use_kl_loss, kl_loss_coef, kl_loss_type, ….
+        config: the typed actor slice (``ActorConfig``), or a verl-style config with the same
+            names (object or mapping; absent fields take the schema's defaults): clip_ratio*,
+            loss_agg_mode, policy_loss.*, entropy_coeff, use_kl_loss, kl_loss_coef, kl_loss_type.
         entropy: (B, R) token entropy, differentiable; None = no entropy term (verl adds it
             whenever it was computed, i.e. calculate_entropy or entropy_coeff ≠ 0).
         ref_log_prob: (B, R) reference log-probs (``ref_log_prob``); required when use_kl_loss.
@@ -102,7 +128,7 @@ def compute_actor_loss(
         ValueError: use_kl_loss without ref_log_prob.
     """
     policy_cfg = resolve_policy_loss_config(config)
-    terms = ActorLossTerms(**read_settings(config, ActorLossTerms))
+    terms = ActorLossTerms.resolve(config)
     info = resolve_global_info(policy_cfg, global_batch_info)
     mode = policy_cfg.loss_agg_mode
     policy_loss_fn = get_policy_loss_fn(policy_cfg.loss_mode)

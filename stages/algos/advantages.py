@@ -1,14 +1,20 @@
-"""Advantage estimators, looked up by name.
+"""Advantage estimators, looked up by name; each entry declares what it needs.
 
-``ADV_ESTIMATORS`` maps a name (verl's ``algorithm.adv_estimator`` values) to a function with one
-signature, so callers never branch on the name::
+``ADV_ESTIMATORS`` maps a name (verl's ``algorithm.adv_estimator`` values) to an
+:class:`EstimatorSpec`: the function, with one signature, so callers never branch on the name::
 
     estimator(token_level_rewards (B, R), response_mask (B, R), *,
               index: (B,) uid array | None = None, values: (B, R) | None = None,
               reward_baselines: (B,) | None = None, config=None) -> (advantages (B, R), returns (B, R))
 
+and the needs the rest of ppoflow reads instead of the name: ``needs_values`` (a critic is used
+and trained), ``group_based`` (the baseline comes from the rollout.n samples of one prompt),
+``needs_greedy_baseline`` (the ReMax baseline stages run) and ``min_group_size`` (the smallest
+rollout.n it is defined for). Register a new one with :func:`register_adv_est` (verl's decorator,
+with the needs as keywords), e.g. in a module named in ``ppoflow.plugins``.
+
 ``config`` is anything with verl's attribute names (``gamma``, ``lam``,
-``norm_adv_by_std_in_grpo``) or a ``Mapping``; absent fields take verl's defaults
+``norm_adv_by_std_in_grpo``) or a ``Mapping``; absent fields take the schema's defaults
 (:mod:`stages.algos.config_view`). An estimator that needs an input it did not get raises a
 ``KeyError`` naming itself and the batch key.
 
@@ -21,7 +27,9 @@ with the same keywords verl's trainer passes. The verl-named math functions live
 Example:
     >>> import numpy as np, torch
     >>> grpo = ADV_ESTIMATORS.get("grpo")
-    >>> advantages, _ = grpo(torch.tensor([[1.], [0.]]), torch.ones(2, 1), index=np.array(["a", "a"]))
+    >>> grpo.group_based, grpo.needs_values, ADV_ESTIMATORS.get("gae").needs_values
+    (True, False, True)
+    >>> advantages, _ = grpo.fn(torch.tensor([[1.], [0.]]), torch.ones(2, 1), index=np.array(["a", "a"]))
     >>> advantages.squeeze(-1)
     tensor([ 0.7071, -0.7071])
 """
@@ -29,6 +37,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -43,7 +52,39 @@ from stages.registry import Registry
 
 AdvantageEstimatorFn = Callable[..., tuple[Tensor, Tensor]]
 
-ADV_ESTIMATORS: Registry[AdvantageEstimatorFn] = Registry("advantage estimator")
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """One ``ADV_ESTIMATORS`` entry: the estimator and what it needs from the rest of the run.
+
+    Attributes:
+        fn: the estimator, with the module's signature.
+        needs_values: reads ``values`` (B, R) from a critic, so the run uses and trains one
+            (verl's ``use_critic`` when ``critic.enable`` is null).
+        group_based: its baseline is computed over the samples of one prompt (rows sharing a
+            ``uid``), so rollout.n = 1 makes every group a singleton.
+        needs_greedy_baseline: reads ``reward_baselines`` (B,), the reward of one greedy response
+            per prompt: the baseline_rollout / baseline_reward stages run, and sampling must be on.
+        min_group_size: the smallest rollout.n the estimator is defined for (≥ 1).
+    """
+
+    fn: AdvantageEstimatorFn
+    needs_values: bool = False
+    group_based: bool = False
+    needs_greedy_baseline: bool = False
+    min_group_size: int = 1
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"EstimatorSpec.fn must be callable, got {self.fn!r}")
+        if self.min_group_size < 1 or (self.min_group_size > 1 and not self.group_based):
+            raise ValueError(
+                f"EstimatorSpec.min_group_size = {self.min_group_size} must be ≥ 1, and > 1 only "
+                "for a group_based estimator"
+            )
+
+
+ADV_ESTIMATORS: Registry[EstimatorSpec] = Registry("advantage estimator")
 
 
 class AdvantageEstimator(str, Enum):  # noqa: UP042 (verl: str(member) is "AdvantageEstimator.GAE")
@@ -84,8 +125,8 @@ def _estimator_name(name_or_enum: str | Enum) -> str:
     return name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
 
 
-def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvantageEstimatorFn:
-    """The estimator registered under a name or ``AdvantageEstimator`` member (case-sensitive).
+def get_adv_estimator_spec(name_or_enum: str | AdvantageEstimator) -> EstimatorSpec:
+    """The :class:`EstimatorSpec` registered under a name or ``AdvantageEstimator`` member.
 
     Unknown names raise :class:`UnknownEstimatorError` listing the known ones; verl estimators that
     ppoflow does not implement raise ``NotImplementedError``.
@@ -102,15 +143,40 @@ def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvantageEst
     )
 
 
+def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvantageEstimatorFn:
+    """The estimator function registered under a name or member (verl's API; case-sensitive);
+    errors as :func:`get_adv_estimator_spec`."""
+    return get_adv_estimator_spec(name_or_enum).fn
+
+
 def register_adv_est(
     name_or_enum: str | AdvantageEstimator,
+    *,
+    needs_values: bool = False,
+    group_based: bool = False,
+    needs_greedy_baseline: bool = False,
+    min_group_size: int = 1,
 ) -> Callable[[AdvantageEstimatorFn], AdvantageEstimatorFn]:
-    """Decorator adding an estimator under a name (verl's API); a second, different function raises.
+    """Decorator adding an estimator under a name (verl's API, plus the :class:`EstimatorSpec`
+    needs as keywords); a second, different registration of the name raises.
 
     The function is called with keywords ``token_level_rewards``, ``response_mask``, ``config`` and,
-    when the batch has them, ``index`` (uid), ``values`` and ``reward_baselines``.
+    when the batch has them, ``index`` (uid), ``values`` and ``reward_baselines``; it is returned
+    unchanged.
     """
-    return ADV_ESTIMATORS.register(_estimator_name(name_or_enum))
+
+    def add(fn: AdvantageEstimatorFn) -> AdvantageEstimatorFn:
+        spec = EstimatorSpec(
+            fn=fn,
+            needs_values=needs_values,
+            group_based=group_based,
+            needs_greedy_baseline=needs_greedy_baseline,
+            min_group_size=min_group_size,
+        )
+        ADV_ESTIMATORS.add(_estimator_name(name_or_enum), spec)
+        return fn
+
+    return add
 
 
 def _require(value: Any, estimator: str, key: str, what: str) -> Any:
@@ -125,7 +191,7 @@ def _require(value: Any, estimator: str, key: str, what: str) -> Any:
 _UID_NEED = (keys.UID, "(B,) prompt group ids, non-tensor layer")
 
 
-@ADV_ESTIMATORS.register("gae")
+@register_adv_est("gae", needs_values=True)
 def gae_advantages(
     token_level_rewards,
     response_mask,
@@ -169,24 +235,27 @@ def _group_entry(name: str, verl_fn: Callable, reads_norm_flag: bool) -> Advanta
     return estimate
 
 
-for _name, _verl_fn, _reads_norm_flag in (
-    ("grpo", group.compute_grpo_outcome_advantage, True),
-    ("grpo_vectorized", group.compute_grpo_vectorized_outcome_advantage, True),
-    ("grpo_passk", group.compute_grpo_passk_outcome_advantage, True),
-    ("rloo", group.compute_rloo_outcome_advantage, False),
-    ("rloo_vectorized", group.compute_rloo_vectorized_outcome_advantage, False),
-    ("opo", group.compute_opo_outcome_advantage, False),
-    ("gpg", group.compute_gpg_outcome_advantage, False),
+for _name, _verl_fn, _reads_norm_flag, _min_group_size in (
+    ("grpo", group.compute_grpo_outcome_advantage, True, 1),
+    ("grpo_vectorized", group.compute_grpo_vectorized_outcome_advantage, True, 1),
+    ("grpo_passk", group.compute_grpo_passk_outcome_advantage, True, 2),  # best vs second best
+    ("rloo", group.compute_rloo_outcome_advantage, False, 1),
+    ("rloo_vectorized", group.compute_rloo_vectorized_outcome_advantage, False, 1),
+    ("opo", group.compute_opo_outcome_advantage, False, 1),
+    ("gpg", group.compute_gpg_outcome_advantage, False, 1),
     (
         "reinforce_plus_plus_baseline",
         group.compute_reinforce_plus_plus_baseline_outcome_advantage,
         False,
+        1,
     ),
 ):
-    ADV_ESTIMATORS.add(_name, _group_entry(_name, _verl_fn, _reads_norm_flag))
+    register_adv_est(_name, group_based=True, min_group_size=_min_group_size)(
+        _group_entry(_name, _verl_fn, _reads_norm_flag)
+    )
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus")
+@register_adv_est("reinforce_plus_plus")
 def reinforce_plus_plus_advantages(
     token_level_rewards,
     response_mask,
@@ -202,7 +271,7 @@ def reinforce_plus_plus_advantages(
     )
 
 
-@ADV_ESTIMATORS.register("remax")
+@register_adv_est("remax", needs_greedy_baseline=True)
 def remax_advantages(
     token_level_rewards,
     response_mask,
@@ -239,6 +308,7 @@ __all__ = [
     "NOT_IMPLEMENTED_ESTIMATORS",
     "AdvantageEstimator",
     "AdvantageEstimatorFn",
+    "EstimatorSpec",
     "UnknownEstimatorError",
     "compute_gae_advantage_return",
     "compute_gpg_outcome_advantage",
@@ -253,6 +323,7 @@ __all__ = [
     "compute_rloo_vectorized_outcome_advantage",
     "gae_advantages",
     "get_adv_estimator_fn",
+    "get_adv_estimator_spec",
     "register_adv_est",
     "reinforce_plus_plus_advantages",
     "remax_advantages",

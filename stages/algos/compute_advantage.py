@@ -26,7 +26,7 @@ from torch import Tensor
 from dataproto import keys
 from dataproto.protocol import DataProto
 from stages.algos.advantages import get_adv_estimator_fn
-from stages.algos.config_view import read_field, with_overrides
+from stages.algos.config_view import sets_verl_only_flag, with_overrides
 
 
 def response_mask_from_attention(attention_mask: Tensor, response_length: int) -> Tensor:
@@ -91,8 +91,9 @@ def compute_advantage(
 ) -> DataProto:
     """Run estimator ``adv_estimator`` on ``batch``; return ``DataProto`` with ``advantages`` and ``returns``.
 
-    ``gamma``, ``lam`` and ``norm_adv_by_std_in_grpo`` default to ``config``'s fields, then to verl's
-    defaults (1.0, 1.0, True); giving a keyword that contradicts ``config`` raises ``ValueError``.
+    ``gamma``, ``lam`` and ``norm_adv_by_std_in_grpo`` default to ``config``'s fields, then to the
+    schema's defaults (1.0, 1.0, True, as verl's); giving a keyword that contradicts ``config``
+    raises ``ValueError``.
     The input batch is not modified.
 
     Returns:
@@ -150,7 +151,7 @@ def _estimate(
     config = with_overrides(
         config, gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo
     )
-    if read_field(config, "use_pf_ppo"):
+    if sets_verl_only_flag(config, "use_pf_ppo"):
         raise NotImplementedError(
             "algorithm.use_pf_ppo (PF-PPO resampling after GAE) is not implemented in ppoflow"
         )

@@ -1,10 +1,12 @@
-"""Read algorithm settings from whatever config object the caller holds.
+"""Read algorithm settings from whatever config object the caller holds (verl's API).
 
 The estimators and KL controllers accept verl-style configs: a pydantic model or dataclass with the
 right attribute names, an OmegaConf ``DictConfig``, a plain ``Mapping``, or ``None``. This module is
-the one place that knows how to read a field from any of them, and the one place where the verl
-defaults of those fields live (``ALGORITHM_DEFAULTS``), so no ``cfg.get(x, default)`` is scattered
-around the math.
+the one place that knows how to read a field from any of them. A field the config does not hold
+takes the schema's default (:func:`algorithm_defaults`, read from
+``stages.config.schema_algorithm``), so no second table of defaults exists and no
+``cfg.get(x, default)`` is scattered around the math. ppoflow's own stages pass the typed
+``AlgorithmConfig``, which holds every field.
 
 Example:
     >>> read_field({"gamma": 0.99}, "gamma")
@@ -18,38 +20,62 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
-
-#: verl 0.9.1 yaml defaults (``algorithm.*`` and ``algorithm.kl_ctrl.*``) of every field read here
-ALGORITHM_DEFAULTS: Mapping[str, Any] = {
-    "use_pf_ppo": False,
-    "gamma": 1.0,
-    "lam": 1.0,
-    "norm_adv_by_std_in_grpo": True,
-    "type": "fixed",
-    "kl_coef": 0.001,
-    "horizon": 10000,
-    "target_kl": 0.1,
-}
 
 _MISSING = object()
 
 
-def read_field(config: Any, name: str) -> Any:
-    """``config.name`` or ``config[name]``; a ``None`` config or an absent field gives the verl default.
+@functools.cache
+def algorithm_defaults() -> Mapping[str, Any]:
+    """The schema's default of every ``algorithm.*`` and ``algorithm.<section>.*`` leaf, by leaf name.
 
-    Raises ``KeyError`` when the field is absent and has no verl default (a bug in the caller).
+    Read from ``AlgorithmConfig()`` (``kl_ctrl.kl_coef`` is ``"kl_coef"``: the KL controllers
+    receive the ``kl_ctrl`` section itself).
+    """
+    from pydantic import BaseModel
+
+    from stages.config.schema_algorithm import AlgorithmConfig
+
+    defaults: dict[str, Any] = {}
+    for name, value in AlgorithmConfig():
+        leaves = dict(value) if isinstance(value, BaseModel) else {name: value}
+        for leaf, leaf_value in leaves.items():
+            assert leaf not in defaults, f"algorithm leaf {leaf!r} is not unique"
+            defaults[leaf] = leaf_value
+    return MappingProxyType(defaults)
+
+
+def read_field(config: Any, name: str) -> Any:
+    """``config.name`` or ``config[name]``; a ``None`` config or an absent field gives the schema's
+    default (:func:`algorithm_defaults`).
+
+    Raises ``KeyError`` when the field is absent and the schema has no such field (a bug in the
+    caller).
     """
     value = _lookup(config, name)
     if value is not _MISSING:
         return value
-    if name in ALGORITHM_DEFAULTS:
-        return ALGORITHM_DEFAULTS[name]
+    defaults = algorithm_defaults()
+    if name in defaults:
+        return defaults[name]
     raise KeyError(
-        f"config field {name!r} is missing from {type(config).__name__} and has no default; "
-        f"known defaults: {sorted(ALGORITHM_DEFAULTS)}"
+        f"config field {name!r} is missing from {type(config).__name__} and the algorithm schema "
+        f"has no such field; known: {sorted(defaults)}"
     )
+
+
+def sets_verl_only_flag(config: Any, name: str) -> bool:
+    """Whether ``config`` sets ``name`` true: for a verl key that ppoflow's schema does not have
+    (so it has no default), such as ``use_pf_ppo``, which ppoflow then refuses.
+
+    >>> sets_verl_only_flag({"use_pf_ppo": True}, "use_pf_ppo"), sets_verl_only_flag(None, "use_pf_ppo")
+    (True, False)
+    """
+    value = _lookup(config, name)
+    return value is not _MISSING and bool(value)
 
 
 def _lookup(config: Any, name: str) -> Any:

@@ -14,8 +14,12 @@ name                value per token
 
 A trailing ``+`` (``k1+``, ``k3+``, …) is a straight-through variant: the forward value is the
 base estimator's, the gradient is k2's (∂/∂logp = d), which is an unbiased gradient of KL.
-``full`` (the exact KL over the vocabulary) needs the whole distributions, not two token
-log-probabilities, and is not supported.
+
+``KL_ESTIMATORS`` maps each name to a :class:`KLEstimatorSpec`, which declares what the estimator
+needs: ``full`` (verl's exact KL over the vocabulary) is registered with
+``needs_full_distribution=True``; ppoflow's stages hold two token log-probabilities, not the
+distributions, so such an estimator is refused (:func:`kl_penalty_names` leaves it out, and the
+config rejects it). Register more with :func:`register_kl_estimator`.
 
 Example (d = 0.5):
     >>> logp, ref = torch.tensor([[0.0]]), torch.tensor([[-0.5]])
@@ -26,6 +30,7 @@ Example (d = 0.5):
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -35,7 +40,41 @@ from stages.registry import Registry
 #: estimator(d) -> per-token value, d = logp − ref_logp, all (B, R)
 KLEstimator = Callable[[Tensor], Tensor]
 
-KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
+
+@dataclass(frozen=True)
+class KLEstimatorSpec:
+    """One ``KL_ESTIMATORS`` entry.
+
+    Attributes:
+        fn: d (B, R) → per-token value (B, R); None for an estimator ppoflow cannot evaluate.
+        needs_full_distribution: needs both policies' whole distributions over the vocabulary
+            (verl's ``full``), not the token log-probabilities ppoflow's stages hold.
+    """
+
+    fn: KLEstimator | None
+    needs_full_distribution: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.fn is None) != self.needs_full_distribution:
+            raise ValueError(
+                "a KLEstimatorSpec has fn=None exactly when needs_full_distribution is True"
+            )
+
+
+KL_ESTIMATORS: Registry[KLEstimatorSpec] = Registry("KL estimator")
+
+
+def register_kl_estimator(*names: str) -> Callable[[KLEstimator], KLEstimator]:
+    """Decorator adding ``fn(d) -> value`` (all (B, R)) under each of ``names`` (one spec)."""
+
+    def add(fn: KLEstimator) -> KLEstimator:
+        spec = KLEstimatorSpec(fn=fn)
+        for name in names:
+            KL_ESTIMATORS.add(name, spec)
+        return fn
+
+    return add
+
 
 #: d is clamped to ±this before exp() in k3
 K3_LOG_RATIO_CLAMP = 20.0
@@ -68,25 +107,41 @@ for _names, _fn in (
     (("mse", "k2"), _k2),
     (("low_var_kl", "k3"), _k3),
 ):
-    for _name in _names:
-        KL_ESTIMATORS.add(_name, _fn)
+    register_kl_estimator(*_names)(_fn)
+KL_ESTIMATORS.add("full", KLEstimatorSpec(fn=None, needs_full_distribution=True))
 
 
 def kl_penalty_names() -> list[str]:
-    """Every accepted ``kl_penalty`` name, including the ``+`` straight-through variants."""
-    base = KL_ESTIMATORS.names()
+    """Every accepted ``kl_penalty`` name (estimators on token log-probs), including the ``+``
+    straight-through variants.
+
+    >>> kl_penalty_names()[:4]
+    ['abs', 'k1', 'k2', 'k3']
+    """
+    base = [n for n in KL_ESTIMATORS if not KL_ESTIMATORS.get(n).needs_full_distribution]
     return base + [name + STRAIGHT_THROUGH_SUFFIX for name in base]
 
 
+def unavailable_kl_penalties() -> dict[str, str]:
+    """Registered names ppoflow refuses, each with the reason (for config errors)."""
+    return {
+        name: "it needs the full distributions over the vocabulary, and ppoflow's stages hold "
+        "token log-probs only"
+        for name in KL_ESTIMATORS
+        if KL_ESTIMATORS.get(name).needs_full_distribution
+    }
+
+
 def _lookup(name: str) -> KLEstimator:
-    if name == "full":
-        raise NotImplementedError(
-            "kl_penalty 'full' (exact KL over the vocabulary) is not supported by ppoflow: it needs the "
-            f"full logits, not token log-probs; use one of {kl_penalty_names()}"
-        )
     if name not in KL_ESTIMATORS:
         raise KeyError(f"unknown kl_penalty {name!r}; known: {kl_penalty_names()}")
-    return KL_ESTIMATORS.get(name)
+    spec = KL_ESTIMATORS.get(name)
+    if spec.needs_full_distribution:
+        raise NotImplementedError(
+            f"kl_penalty {name!r} is not supported by ppoflow: it needs the full distributions "
+            f"(logits), not token log-probs; use one of {kl_penalty_names()}"
+        )
+    return spec.fn
 
 
 def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
@@ -102,7 +157,7 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
         (B, R) unmasked per-token values; the caller applies response_mask.
 
     Raises:
-        NotImplementedError: for ``full``.
+        NotImplementedError: for an estimator that needs the full distributions (``full``).
         KeyError: for an unknown name (the message lists the known ones).
 
     Example (straight-through: value of k1, gradient of k2 = d):

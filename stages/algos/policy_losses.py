@@ -49,8 +49,10 @@ GlobalInfoArg = GlobalBatchInfo | Mapping[str, Any] | None
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
-    """The loss registered as ``name``; an unknown name raises KeyError listing the known ones."""
-    return POLICY_LOSSES.get(name)
+    """The loss registered as ``name`` (verl's API; ``POLICY_LOSSES.get(name)`` is its whole
+    :class:`~stages.algos.policy_loss_config.PolicyLossSpec`); an unknown name raises KeyError
+    listing the known ones."""
+    return POLICY_LOSSES.get(name).fn
 
 
 def _metrics(clipfrac: Tensor, ppo_kl: Tensor, clipfrac_lower: Tensor) -> dict[str, Tensor]:
@@ -65,7 +67,9 @@ def _weighted(pg_losses: Tensor, rollout_is_weights: Tensor | None) -> Tensor:
     return pg_losses if rollout_is_weights is None else pg_losses * rollout_is_weights
 
 
-@register_policy_loss("vanilla")
+@register_policy_loss(
+    "vanilla", reads=("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
+)
 def compute_policy_loss_vanilla(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -113,7 +117,7 @@ def compute_policy_loss_vanilla(
     )
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", reads=("clip_ratio", "clip_ratio_low", "clip_ratio_high"))
 def compute_policy_loss_gspo(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -157,7 +161,7 @@ def compute_policy_loss_gspo(
     )
 
 
-@register_policy_loss("sapo")
+@register_policy_loss("sapo", reads=("tau_pos", "tau_neg"))
 def compute_policy_loss_sapo(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -220,7 +224,7 @@ def compute_policy_loss_gpg(
     return pg_loss, {}
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", reads=("clip_ratio", "clip_ratio_low", "clip_ratio_high"))
 def compute_policy_loss_cispo(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -257,7 +261,7 @@ def compute_policy_loss_cispo(
     )
 
 
-@register_policy_loss("geo_mean")
+@register_policy_loss("geo_mean", reads=("clip_ratio", "clip_ratio_low", "clip_ratio_high"))
 def compute_policy_loss_geo_mean(
     old_log_prob: Tensor,
     log_prob: Tensor,

@@ -56,7 +56,17 @@ def _num_selected(ratio: float, num_valid: int) -> int:
     return min(max(int(ratio * num_valid), 1), num_valid)
 
 
-@register_policy_loss("clip_cov")
+@register_policy_loss(
+    "clip_cov",
+    reads=(
+        "clip_ratio",
+        "clip_ratio_low",
+        "clip_ratio_high",
+        "clip_cov_ratio",
+        "clip_cov_lb",
+        "clip_cov_ub",
+    ),
+)
 def compute_policy_loss_clip_cov(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -120,7 +130,7 @@ def compute_policy_loss_clip_cov(
     }
 
 
-@register_policy_loss("kl_cov")
+@register_policy_loss("kl_cov", reads=("kl_cov_ratio", "ppo_kl_coef"))
 def compute_policy_loss_kl_cov(
     old_log_prob: Tensor,
     log_prob: Tensor,

@@ -37,7 +37,6 @@ from stages.config.schema_actor import (
     ValKwargsConfig,
 )
 from stages.config.schema_algorithm import (
-    GROUP_ESTIMATORS,
     AlgorithmConfig,
     KlCtrlConfig,
     RolloutCorrectionConfig,
@@ -53,7 +52,6 @@ from stages.config.schema_trainer import PPOFlowConfig, TrainerConfig, WorkersCo
 
 __all__ = [
     "CONFIGS_DIR",
-    "GROUP_ESTIMATORS",
     "ActorConfig",
     "ActorRolloutRefConfig",
     "AlgorithmConfig",

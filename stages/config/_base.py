@@ -25,11 +25,6 @@ LossAggMode = Literal[
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 ]
-# kl_penalty estimators; a trailing "+" keeps the value and takes the k2 gradient (straight-through).
-KlEstimator = Literal[
-    "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3",
-    "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+",
-]  # fmt: skip
 Dtype = Literal["float32", "bfloat16", "float16"]
 
 

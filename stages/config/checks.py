@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from stages.algos.advantages import ADV_ESTIMATORS
 from stages.config.derived import is_critic_used
-from stages.config.schema_algorithm import GROUP_ESTIMATORS
+from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 
 if TYPE_CHECKING:
     from stages.config.root import PPORunConfig
@@ -75,23 +76,26 @@ def _batch_problems(cfg: PPORunConfig, role: str) -> list[str]:
 
 
 def _algorithm_problems(cfg: PPORunConfig) -> list[str]:
-    """Estimator needs (critic, sampling, group size) and KL controller settings."""
+    """Estimator needs (its registry entry: critic, sampling, group size) and KL controller
+    settings."""
     algo, rollout = cfg.algorithm, cfg.actor_rollout_ref.rollout
+    estimator, name = ADV_ESTIMATORS.get(algo.adv_estimator), repr(algo.adv_estimator)
     problems = []
-    if algo.adv_estimator == "gae" and cfg.critic.enable is False:
+    if estimator.needs_values and cfg.critic.enable is False:
         problems.append(
-            "critic.enable = false but algorithm.adv_estimator = 'gae' needs a critic's values; "
+            f"critic.enable = false but algorithm.adv_estimator = {name} needs a critic's values; "
             "enable the critic (or leave it null) or pick a critic-free estimator such as grpo"
         )
-    if algo.adv_estimator == "remax" and not rollout.do_sample:
+    if estimator.needs_greedy_baseline and not rollout.do_sample:
         problems.append(
-            f"{ARR}.rollout.do_sample = false but algorithm.adv_estimator = 'remax' compares "
+            f"{ARR}.rollout.do_sample = false but algorithm.adv_estimator = {name} compares "
             "sampled responses with a greedy baseline; set do_sample = true"
         )
-    if algo.adv_estimator == "grpo_passk" and rollout.n < 2:
+    if rollout.n < estimator.min_group_size:
         problems.append(
-            f"{ARR}.rollout.n = {rollout.n} but algorithm.adv_estimator = 'grpo_passk' needs "
-            "groups of at least 2 samples; set n ≥ 2"
+            f"{ARR}.rollout.n = {rollout.n} but algorithm.adv_estimator = {name} needs "
+            f"groups of at least {estimator.min_group_size} samples; set n ≥ "
+            f"{estimator.min_group_size}"
         )
     ctrl = algo.kl_ctrl
     if ctrl.type == "adaptive" and ctrl.horizon <= 0:
@@ -151,10 +155,12 @@ def _engine_problems(cfg: PPORunConfig) -> list[str]:
         arr.rollout.tensor_model_parallel_size,
         cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes,
     )
-    if arr.rollout.name == "hf" and tp != 1:
+    most_tp = ROLLOUT_BACKENDS.get(arr.rollout.name).max_tensor_parallel_size
+    if most_tp is not None and tp > most_tp:
         problems.append(
-            f"{ARR}.rollout.tensor_model_parallel_size = {tp} but rollout.name = 'hf' has no "
-            "tensor parallelism; set it to 1"
+            f"{ARR}.rollout.tensor_model_parallel_size = {tp} but rollout.name = "
+            f"{arr.rollout.name!r} runs with at most {most_tp}; set it to {most_tp}"
+            + (" or less" if most_tp > 1 else "")
         )
     elif devices % tp:
         problems.append(
@@ -210,13 +216,14 @@ def _trainer_problems(cfg: PPORunConfig) -> list[str]:
 def cross_field_warnings(cfg: PPORunConfig) -> list[str]:
     """Legal settings that are probably a mistake (verl accepts them silently)."""
     algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
+    estimator = ADV_ESTIMATORS.get(algo.adv_estimator)
     warnings = []
-    if algo.adv_estimator in GROUP_ESTIMATORS and algo.adv_estimator != "grpo_passk" and n == 1:
+    if estimator.group_based and n == 1 and estimator.min_group_size <= 1:  # else an error
         warnings.append(
             f"algorithm.adv_estimator = {algo.adv_estimator!r} with {ARR}.rollout.n = 1: every "
             "group is a singleton, so the group baseline is not used; set n > 1"
         )
-    if cfg.critic.enable and algo.adv_estimator != "gae":
+    if cfg.critic.enable and not estimator.needs_values:
         warnings.append(
             f"critic.enable = true with algorithm.adv_estimator = {algo.adv_estimator!r}: the "
             "critic is trained but its values do not enter the advantages"

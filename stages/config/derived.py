@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
+from stages.algos.advantages import ADV_ESTIMATORS
 from stages.config._base import ConfigModel
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ class DerivedConfig(ConfigModel):
     """Flags and sizes that follow from the config; read them here, never recompute them."""
 
     use_critic: bool = Field(
-        description="critic.enable if set, else algorithm.adv_estimator == 'gae' (bool)"
+        description="critic.enable if set, else whether the estimator's registry entry needs values (bool)"
     )
     use_reference_policy: bool = Field(
         description="algorithm.use_kl_in_reward or actor.use_kl_loss (bool)"
@@ -173,7 +174,8 @@ def compute_derived(cfg: PPORunConfig) -> DerivedConfig:
 
 
 def is_critic_used(cfg: PPORunConfig) -> bool:
-    """verl's rule: ``critic.enable`` when set, otherwise only the GAE estimator uses a critic."""
+    """verl's rule: ``critic.enable`` when set, otherwise whether the estimator needs a critic's
+    values (its registry entry's ``needs_values``: of the built-in ones, only GAE)."""
     if cfg.critic.enable is not None:
         return cfg.critic.enable
-    return cfg.algorithm.adv_estimator == "gae"
+    return ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator).needs_values

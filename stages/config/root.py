@@ -1,6 +1,7 @@
 """``PPORunConfig``: the whole run config, composed of one model per area.
 
-Validation order: legacy aliases are moved (``aliases``), every area validates its own fields,
+Validation order: legacy aliases are moved (``aliases``), the ``ppoflow.plugins`` modules are
+imported (so the names they register pass the registry checks), every area validates its own fields,
 then the "null = inherit" fields are filled (``derived.fill_inherited``) and the cross-field rules
 run on the filled config (``checks``). Derived flags and sizes are read from ``cfg.derived``.
 
@@ -28,6 +29,7 @@ from stages.config.schema_critic import CriticConfig
 from stages.config.schema_data import DataConfig
 from stages.config.schema_reward import RewardConfig
 from stages.config.schema_trainer import PPOFlowConfig, TrainerConfig
+from stages.plugins import import_plugins
 
 CROSS_FIELD_ERROR = "cross_field"
 
@@ -65,12 +67,15 @@ class PPORunConfig(ConfigModel):
     @model_validator(mode="wrap")
     @classmethod
     def _resolve_and_check(cls, data: Any, handler: Any) -> PPORunConfig:
-        """Move aliases, validate fields, fill inherited keys, then run the cross-field rules."""
+        """Move aliases, import ``ppoflow.plugins``, validate fields, fill inherited keys, then run
+        the cross-field rules."""
         if isinstance(data, PPORunConfig):
             return data
         data = move_legacy_keys(data)
+        _import_plugins(_raw_plugins(data))  # before the fields: their registry names are valid
         cfg = handler(data)  # `self` when called from __init__, so it is completed in place:
         # the filled sections are fresh copies and `cfg` is new, so no shared default is touched.
+        _import_plugins(cfg.ppoflow.plugins)  # the validated list (a no-op when imported)
         cfg.__dict__.update(fill_inherited(cfg).__dict__)
         problems = cross_field_problems(cfg)
         if problems:
@@ -125,3 +130,22 @@ class PPORunConfig(ConfigModel):
         if self.trainer.total_training_steps is not None:
             return self.trainer.total_training_steps
         return self.steps_per_epoch(train_dataset_len) * self.trainer.total_epochs
+
+
+def _raw_plugins(data: Any) -> Any:
+    """``ppoflow.plugins`` of the raw input, or None where the input has no such mapping."""
+    section = data.get("ppoflow") if isinstance(data, Mapping) else None
+    return section.get("plugins") if isinstance(section, Mapping) else None
+
+
+def _import_plugins(plugins: Any) -> None:
+    """Import the ``ppoflow.plugins`` modules when ``plugins`` is a list of names (a malformed
+    value is left for the field's own validation to report); a failure is a config problem."""
+    if not isinstance(plugins, list | tuple) or not all(isinstance(p, str) for p in plugins):
+        return
+    try:
+        import_plugins(plugins)
+    except ImportError as error:
+        raise PydanticCustomError(
+            CROSS_FIELD_ERROR, "{problems}", {"problems": str(error)}
+        ) from None

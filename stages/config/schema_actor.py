@@ -11,11 +11,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from stages.config._base import ConfigModel, Dtype, KlEstimator, LossAggMode
+from stages.config._base import ConfigModel, Dtype, LossAggMode
+from stages.config.choices import KlEstimatorName, PolicyLossName, RolloutBackendName
 
-PolicyLossMode = Literal[
-    "vanilla", "gspo", "sapo", "gpg", "cispo", "geo_mean", "clip_cov", "kl_cov"
-]  # fmt: skip
 AttnImplementation = Literal["eager", "sdpa", "flash_attention_2"]
 
 
@@ -91,8 +89,9 @@ class OptimConfig(ConfigModel):
 class PolicyLossConfig(ConfigModel):
     """Which policy loss the actor minimizes, and the knobs of the covariance-based ones."""
 
-    loss_mode: PolicyLossMode = Field(
-        "vanilla", description="Policy loss, looked up by name in the loss registry (name)"
+    loss_mode: PolicyLossName = Field(
+        "vanilla",
+        description="Policy loss: a name in the loss registry (stages.algos.policy_loss_config.POLICY_LOSSES), a ppoflow.plugins module's included (name)",
     )
     clip_cov_ratio: float = Field(
         0.0002, gt=0, le=1, description="clip_cov: fraction of valid tokens detached (ratio)"
@@ -154,13 +153,15 @@ class ActorConfig(ConfigModel):
         description="PPO clip range ε; the fallback for clip_ratio_low/high (ratio)",
     )
     clip_ratio_low: float | None = Field(
-        0.2,
+        None,
         gt=0,
         lt=1,
-        description="Lower clip ε_low (ratio ≥ 1 − ε_low); null = clip_ratio (ratio)",
+        description="Lower clip ε_low (ratio ≥ 1 − ε_low); null = clip_ratio [ppoflow: verl defaults to 0.2, so clip_ratio alone changes neither side] (ratio)",
     )
     clip_ratio_high: float | None = Field(
-        0.2, gt=0, description="Upper clip ε_high (ratio ≤ 1 + ε_high); null = clip_ratio (ratio)"
+        None,
+        gt=0,
+        description="Upper clip ε_high (ratio ≤ 1 + ε_high); null = clip_ratio [ppoflow: verl defaults to 0.2] (ratio)",
     )
     clip_ratio_c: float = Field(
         3.0, gt=1, description="Dual-clip bound c for negative advantages; must be > 1 (ratio)"
@@ -190,7 +191,7 @@ class ActorConfig(ConfigModel):
         description="Add kl_loss_coef × KL(π‖π_ref) to the actor loss; needs the reference policy (bool)",
     )
     kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss (coefficient)")
-    kl_loss_type: KlEstimator = Field(
+    kl_loss_type: KlEstimatorName = Field(
         "low_var_kl", description="KL estimator of the KL loss; '+' = k2 gradient (name)"
     )
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Actor optimizer (section)")
@@ -221,9 +222,9 @@ class ValKwargsConfig(ConfigModel):
 class RolloutConfig(ConfigModel):
     """Generation: backend, sampling, lengths, and the log-prob passes that share its batching."""
 
-    name: Literal["hf", "vllm"] = Field(
+    name: RolloutBackendName = Field(
         "vllm",
-        description="Rollout backend: hf generate or vLLM [ppoflow: verl requires it to be set] (choice)",
+        description="Rollout backend, a name in stages.engines.rollout_backends.ROLLOUT_BACKENDS: hf generate or vLLM [ppoflow: verl requires it to be set] (choice)",
     )
     n: int = Field(1, ge=1, description="Responses sampled per prompt, the group size G (samples)")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (temperature)")

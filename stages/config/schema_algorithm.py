@@ -6,34 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from stages.config._base import ConfigModel, KlEstimator
-
-AdvEstimator = Literal[
-    "gae",
-    "grpo",
-    "grpo_vectorized",
-    "rloo",
-    "rloo_vectorized",
-    "opo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "remax",
-    "gpg",
-    "grpo_passk",
-]
-# Estimators whose baseline is computed within the group of rollout.n samples of one prompt.
-GROUP_ESTIMATORS = frozenset(
-    {
-        "grpo",
-        "grpo_vectorized",
-        "rloo",
-        "rloo_vectorized",
-        "opo",
-        "reinforce_plus_plus_baseline",
-        "gpg",
-        "grpo_passk",
-    }
-)
+from stages.config._base import ConfigModel
+from stages.config.choices import EstimatorName, KlEstimatorName
 
 
 class KlCtrlConfig(ConfigModel):
@@ -63,8 +37,9 @@ class RolloutCorrectionConfig(ConfigModel):
 class AlgorithmConfig(ConfigModel):
     """Advantage estimation and the KL penalty applied to rewards."""
 
-    adv_estimator: AdvEstimator = Field(
-        "gae", description="Advantage estimator, looked up by name in the registry (name)"
+    adv_estimator: EstimatorName = Field(
+        "gae",
+        description="Advantage estimator: a name in stages.algos.advantages.ADV_ESTIMATORS, a ppoflow.plugins module's included; its entry declares what it needs (name)",
     )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor γ (ratio)")
     lam: float = Field(1.0, ge=0, le=1, description="GAE λ (ratio)")
@@ -75,7 +50,7 @@ class AlgorithmConfig(ConfigModel):
         False,
         description="Subtract β·KL(old‖ref) from the token rewards; needs the reference policy (bool)",
     )
-    kl_penalty: KlEstimator = Field(
+    kl_penalty: KlEstimatorName = Field(
         "kl", description="KL estimator of the in-reward penalty (name)"
     )
     kl_ctrl: KlCtrlConfig = Field(

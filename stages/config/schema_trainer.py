@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from stages.config._base import ConfigModel
+from stages.config.choices import WorkerBackendName
 
 
 class TrainerConfig(ConfigModel):
@@ -101,8 +102,9 @@ class TrainerConfig(ConfigModel):
 class WorkersConfig(ConfigModel):
     """Where the engine ranks run."""
 
-    backend: Literal["local", "ray"] = Field(
-        "local", description="local: ranks in this process (one rank); ray: Ray actors (choice)"
+    backend: WorkerBackendName = Field(
+        "local",
+        description="A name in stages.engines.worker_group.WORKER_BACKENDS; local: ranks in this process (one rank); ray: Ray actors (choice)",
     )
     num_cpus_per_rank: float = Field(
         1,
@@ -131,4 +133,8 @@ class PPOFlowConfig(ConfigModel):
     )
     workers: WorkersConfig = Field(
         default_factory=WorkersConfig, description="Engine rank placement (section)"
+    )
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Modules imported before the config's registry names are checked (and in every Ray rank), so the estimators / losses they register are selectable by name (module names)",
     )

@@ -9,9 +9,11 @@ no orchestration state; the model is a :class:`ValueModel`, or the DeepSpeed eng
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDict
@@ -26,6 +28,9 @@ from stages.engines.actor import PPOUpdateSettings, optimizer_step, record_step
 from stages.engines.batching import MicroBatching, global_batch_info, mini_batch_indices
 from stages.metrics.metric import Metric
 
+if TYPE_CHECKING:
+    from stages.config.schema_critic import CriticConfig
+
 #: the head attribute names of Hugging Face ``*ForTokenClassification`` models
 _HEAD_NAMES = ("score", "classifier")
 
@@ -37,14 +42,46 @@ UPDATE_KEYS = (keys.RESPONSE_MASK, keys.VALUES, keys.RETURNS)
 
 @dataclass(frozen=True)
 class ValueLossSettings:
-    """The critic loss settings (verl's critic.* names and defaults).
+    """The critic loss settings (verl's critic.* names; no defaults here).
 
     cliprange_value: c, v_pred stays within v_old ± c (value units).
     loss_agg_mode: aggregation of the token losses (``stages.algos.aggregation``).
     """
 
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
+    cliprange_value: float
+    loss_agg_mode: str
+
+    @classmethod
+    def from_critic(cls, critic: CriticConfig) -> ValueLossSettings:
+        """The settings of a filled ``critic`` slice (``loss_agg_mode`` inherited, not null)."""
+        if critic.loss_agg_mode is None:
+            raise ValueError(
+                "critic.loss_agg_mode is null (inherit the actor's): read the critic slice of a "
+                "validated PPORunConfig, which fills it in"
+            )
+        return cls(cliprange_value=critic.cliprange_value, loss_agg_mode=critic.loss_agg_mode)
+
+    @classmethod
+    def resolve(cls, config: Any) -> ValueLossSettings:
+        """A typed critic slice is read whole; a verl-style config (mapping, object, None) gives
+        the fields it holds, the schema's defaults (a default run's filled critic) the rest."""
+        from stages.config.schema_critic import CriticConfig
+
+        if isinstance(config, ValueLossSettings):
+            return config
+        if isinstance(config, CriticConfig):
+            return cls.from_critic(config)
+        return dataclasses.replace(
+            cls.from_critic(_default_critic()), **read_settings(config, ValueLossSettings)
+        )
+
+
+@functools.cache
+def _default_critic() -> CriticConfig:
+    """The default run's critic slice, its null keys filled from the actor's defaults."""
+    from stages.config.root import PPORunConfig
+
+    return PPORunConfig().critic
 
 
 def value_head(model: nn.Module) -> nn.Module:
@@ -141,8 +178,9 @@ def update_critic(
 ) -> dict[str, Metric]:
     """The clipped value update: ``epochs`` × mini-batches, one optimizer step each.
 
-    loss_config: ``cliprange_value`` and ``loss_agg_mode`` (:class:`ValueLossSettings`, a mapping, or
-    the critic config); absent fields take verl's defaults. Each micro-batch's loss
+    loss_config: ``cliprange_value`` and ``loss_agg_mode``: the filled critic slice, a
+    :class:`ValueLossSettings`, or a verl-style mapping (absent fields take the schema's
+    defaults). Each micro-batch's loss
     (``compute_value_loss``: ½·agg(max((v−R)², (v_clip−R)²)) under the mini-batch's global
     denominators) is a partial sum, so gradients accumulate unscaled and the step follows the last
     micro-batch. Metrics per optimizer step, then averaged over steps: ``critic/vf_loss`` (summed
@@ -151,7 +189,7 @@ def update_critic(
     """
     tensors = batch.batch
     require_keys(tensors, FORWARD_KEYS + UPDATE_KEYS, "update_critic")
-    loss_settings = ValueLossSettings(**read_settings(loss_config, ValueLossSettings))
+    loss_settings = ValueLossSettings.resolve(loss_config)
     metrics: dict[str, Metric] = {}
     for rows in mini_batch_indices(
         len(tensors), settings.mini_batch_size, settings.epochs, settings.shuffle, settings.seed

@@ -23,7 +23,8 @@ from stages.engines.critic import ValueModel, compute_values, update_critic
 from stages.engines.deepspeed_setup import EngineSettings, initialize_engine, step_lr_schedule
 from stages.engines.logprob import ResponseLogProbModel
 from stages.engines.models import load_causal_lm, load_value_model
-from stages.engines.rollout_hf import SamplingSettings, generate_sequences
+from stages.engines.rollout_backends import ROLLOUT_BACKENDS
+from stages.engines.rollout_hf import SamplingSettings
 
 
 def engine_settings(
@@ -52,7 +53,7 @@ def log_prob_micro_batching(cfg: Any) -> MicroBatching:
     return MicroBatching(
         micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
         use_dynamic_bsz=bool(cfg.log_prob_use_dynamic_bsz),
-        max_token_len=cfg.log_prob_max_token_len_per_gpu or 16384,
+        max_token_len=cfg.log_prob_max_token_len_per_gpu,
     )
 
 
@@ -218,21 +219,15 @@ class ActorWorker(_CheckpointMixin):
     def generate_sequences(
         self, prompts: DataProto, validate: bool = False, greedy: bool = False
     ) -> DataProto:
-        """One response per prompt row (``rollout_hf``'s layout): HF ``generate`` on the actor's
-        module, or with ``rollout.name: vllm`` the vLLM engine (:meth:`vllm_rollout`).
+        """One response per prompt row (``rollout_hf``'s layout) from the ``rollout.name`` entry of
+        ``ROLLOUT_BACKENDS``: HF ``generate`` on the actor's module (``hf``), or the vLLM engine
+        of :meth:`vllm_rollout` (``vllm``).
 
         ``validate``: sample with rollout.val_kwargs.*; ``greedy``: decode greedily (ReMax's
         baseline; see :func:`sampling_settings`)."""
         settings = sampling_settings(self.config, self.tokenizer, validate=validate, greedy=greedy)
-        rollout = self.config.actor_rollout_ref.rollout
-        if rollout.name == "vllm":
-            out = self.vllm_rollout().generate_sequences(on_host(prompts), settings)
-            if rollout.free_cache_engine:
-                self.vllm.sleep()  # frees memory where vLLM has a sleep mode (not on CPU)
-            return out
-        with self._full_parameters():
-            out = generate_sequences(self.lm, on_device(prompts, device_of(self.engine)), settings)
-        return on_host(out)
+        backend = ROLLOUT_BACKENDS.get(self.config.actor_rollout_ref.rollout.name)
+        return backend.generate(self, prompts, settings)
 
     def vllm_rollout(self) -> Any:
         """The ``VLLMRollout`` holding the actor's current weights: built on first use from the
@@ -272,12 +267,12 @@ class ActorWorker(_CheckpointMixin):
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
         """(name, full tensor) of every HF parameter, for syncing an external rollout engine."""
-        with self._full_parameters():
+        with self.full_parameters():
             for name, param in self.lm.named_parameters():
                 yield name, param.detach()
 
     @contextmanager
-    def _full_parameters(self):
+    def full_parameters(self):
         """ZeRO-3 keeps 1/d of each parameter per rank: gather them for generation / export."""
         if self.engine.zero_optimization_stage() == 3:
             import deepspeed

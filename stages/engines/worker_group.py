@@ -7,7 +7,8 @@ over its ranks (``stages.engines.dispatch``), runs the method on every rank at o
 one DataProto for the whole batch. The models stay resident in the workers between calls; only
 batches and metrics cross process boundaries.
 
-Backends:
+Backends (``WORKER_BACKENDS``, each a :class:`WorkerBackendSpec` that declares whether its ranks
+run in the driver process, its largest world size and how to check its dependencies):
 
 - ``local`` (:class:`LocalWorkerGroup`): one rank, the worker lives in the driver process — the
   embedded default. The engine's process group is a single gloo/nccl rank.
@@ -29,6 +30,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dataproto import DataProto
@@ -128,10 +130,55 @@ def _ray_group(factory: Callable[..., Any], world_size: int, **kwargs: Any) -> W
     return RayWorkerGroup(factory, world_size, **kwargs)
 
 
-#: ``ppoflow.workers.backend`` → ``builder(factory, world_size, **kwargs)``
-WORKER_BACKENDS = Registry[Callable[..., WorkerGroup]]("worker backend")
-WORKER_BACKENDS.add("local", _local_group)
-WORKER_BACKENDS.add("ray", _ray_group)
+def _no_requirement() -> None:
+    """The local backend needs nothing beyond ppoflow itself."""
+
+
+def _ray_installed() -> None:
+    from stages.engines.worker_group_ray import import_ray
+
+    import_ray()  # an ImportError saying how to install the ray extra
+
+
+@dataclass(frozen=True)
+class WorkerBackendSpec:
+    """One ``WORKER_BACKENDS`` entry: how a role's ranks are started, and what that implies.
+
+    Attributes:
+        make_group: ``make_group(factory, world_size, **kwargs) -> WorkerGroup``.
+        ranks_in_driver: the ranks are objects in the driver process (no process boundary; an
+            engine beside the actor, such as vLLM's, can live there too).
+        max_world_size: the most ranks per role it can run; None = any.
+        check_available: raises ``ImportError`` (saying what to install) when the backend's
+            dependencies are missing.
+    """
+
+    make_group: Callable[..., WorkerGroup]
+    ranks_in_driver: bool
+    max_world_size: int | None
+    check_available: Callable[[], None]
+
+
+#: ``ppoflow.workers.backend`` → :class:`WorkerBackendSpec`
+WORKER_BACKENDS = Registry[WorkerBackendSpec]("worker backend")
+WORKER_BACKENDS.add(
+    "local",
+    WorkerBackendSpec(
+        make_group=_local_group,
+        ranks_in_driver=True,
+        max_world_size=1,
+        check_available=_no_requirement,
+    ),
+)
+WORKER_BACKENDS.add(
+    "ray",
+    WorkerBackendSpec(
+        make_group=_ray_group,
+        ranks_in_driver=False,
+        max_world_size=None,
+        check_available=_ray_installed,
+    ),
+)
 
 
 def make_worker_group(
@@ -145,4 +192,4 @@ def make_worker_group(
     ``num_gpus_per_rank``, ``env``, ``ray_init`` … (see ``RayWorkerGroup``), so a factory cannot
     take arguments of those names. An unknown backend raises ``KeyError`` listing the known ones.
     """
-    return WORKER_BACKENDS.get(backend)(factory, world_size, **kwargs)
+    return WORKER_BACKENDS.get(backend).make_group(factory, world_size, **kwargs)

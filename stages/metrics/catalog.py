@@ -479,8 +479,8 @@ def step_metric_names(
 
     The flags are the config's (``cfg.derived.use_critic``, ``cfg.derived.use_reference_policy``,
     ``trainer.balance_batch``, ``algorithm.use_kl_in_reward``, ``actor.use_kl_loss``);
-    ``updates_actor`` is False for the steps before ``trainer.critic_warmup``; ``remax`` is
-    ``algorithm.adv_estimator == "remax"`` (its baseline stages run). Multi-turn and
+    ``updates_actor`` is False for the steps before ``trainer.critic_warmup``; ``remax`` is the
+    estimator entry's ``needs_greedy_baseline`` (ReMax's baseline stages run). Multi-turn and
     tool-call statistics, validation and MFU metrics are not every-step metrics and are not listed.
 
     Example:

@@ -122,6 +122,6 @@ def test_verl_style_custom_estimator_gets_verl_keywords():
             make_batch(response_mask=RESPONSE_MASK), "test_constant_advantage", config={"x": 1}
         )
     finally:
-        ADV_ESTIMATORS._entries.pop("test_constant_advantage")
+        ADV_ESTIMATORS.remove("test_constant_advantage")
     assert torch.equal(delta.batch["advantages"], RESPONSE_MASK.float())
     assert list(seen["index"]) == ["p0", "p0", "p1"] and seen["config"] == {"x": 1}

@@ -14,7 +14,7 @@ from torch.testing import assert_close
 from stages.algos.aggregation import GlobalBatchInfo
 from stages.algos.policy_loss_config import (
     POLICY_LOSSES,
-    PolicyLossConfig,
+    PolicyLossSettings,
     resolve_policy_loss_config,
 )
 from stages.algos.policy_losses import (
@@ -26,6 +26,7 @@ from stages.algos.policy_losses import (
     compute_policy_loss_vanilla,
     get_policy_loss_fn,
 )
+from stages.config.schema_actor import ActorConfig
 
 F64 = torch.float64
 ASYM = {"clip_ratio": 0.2, "clip_ratio_high": 0.28}
@@ -286,7 +287,7 @@ def test_config_read_from_any_verl_shaped_object(config: object) -> None:
 
 def test_config_defaults_are_verl_yaml() -> None:
     cfg = resolve_policy_loss_config(None)
-    assert cfg == PolicyLossConfig()
+    assert cfg == PolicyLossSettings.from_actor(ActorConfig())
     assert (cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c, cfg.tau_pos, cfg.tau_neg) == (
         0.2,
         0.2,

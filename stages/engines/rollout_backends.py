@@ -1,0 +1,91 @@
+"""Rollout backends, looked up by ``actor_rollout_ref.rollout.name``; each entry declares its needs.
+
+A :class:`RolloutBackendSpec` holds the function that generates one response per prompt row on the
+actor worker, and what the backend needs from the rest of the config, so the config checks and
+the engine builder ask the entry instead of comparing the name:
+
+==========  =================================  ============================  =====================
+name        generates with                     max_tensor_parallel_size      needs_in_process_actor
+==========  =================================  ============================  =====================
+``hf``      HF ``generate`` on the actor's     1                             False
+            own module (newest weights)
+``vllm``    a vLLM engine beside the actor,    any (must divide the devices) True
+            sent the weights after updates
+==========  =================================  ============================  =====================
+
+Importing this module imports neither transformers nor vLLM; each ``generate`` imports its
+engine on use.
+
+Example:
+    >>> ROLLOUT_BACKENDS.get("hf").max_tensor_parallel_size, ROLLOUT_BACKENDS.get("vllm").needs_in_process_actor
+    (1, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dataproto import DataProto
+from stages.registry import Registry
+
+#: generate(actor worker, prompts (B, P) DataProto, SamplingSettings) -> rollout DataProto
+#: (``prompts``, ``responses``, ``response_mask``, ``rollout_log_probs`` (B, R), full-sequence
+#: ``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T)), tensors on the host
+GenerateFn = Callable[[Any, DataProto, Any], DataProto]
+
+
+@dataclass(frozen=True)
+class RolloutBackendSpec:
+    """One ``ROLLOUT_BACKENDS`` entry.
+
+    Attributes:
+        generate: see :data:`GenerateFn`; called by ``ActorWorker.generate_sequences``.
+        max_tensor_parallel_size: the largest ``rollout.tensor_model_parallel_size`` it runs
+            with; None = any that divides the devices.
+        needs_in_process_actor: its engine lives beside the actor's one rank in the driver
+            process, so it needs a worker backend whose ranks run in the driver.
+    """
+
+    generate: GenerateFn
+    max_tensor_parallel_size: int | None
+    needs_in_process_actor: bool
+
+
+ROLLOUT_BACKENDS: Registry[RolloutBackendSpec] = Registry("rollout backend")
+
+
+def _hf_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
+    """HF ``generate`` on the actor's own module (ZeRO-3 parameters gathered around it)."""
+    from stages.engines.roles import device_of, on_device, on_host
+    from stages.engines.rollout_hf import generate_sequences
+
+    with worker.full_parameters():
+        out = generate_sequences(worker.lm, on_device(prompts, device_of(worker.engine)), settings)
+    return on_host(out)
+
+
+def _vllm_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
+    """The actor's vLLM engine (built on first use, weights synced when stale); its KV cache is
+    released afterwards when ``rollout.free_cache_engine``."""
+    from stages.engines.roles import on_host
+
+    out = worker.vllm_rollout().generate_sequences(on_host(prompts), settings)
+    if worker.config.actor_rollout_ref.rollout.free_cache_engine:
+        worker.vllm.sleep()  # frees memory where vLLM has a sleep mode (not on CPU)
+    return out
+
+
+ROLLOUT_BACKENDS.add(
+    "hf",
+    RolloutBackendSpec(
+        generate=_hf_generate, max_tensor_parallel_size=1, needs_in_process_actor=False
+    ),
+)
+ROLLOUT_BACKENDS.add(
+    "vllm",
+    RolloutBackendSpec(
+        generate=_vllm_generate, max_tensor_parallel_size=None, needs_in_process_actor=True
+    ),
+)

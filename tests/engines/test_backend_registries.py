@@ -1,0 +1,128 @@
+"""Worker and rollout backends are registry entries; the engine code asks their specs.
+
+Each check runs with temporary entries under names of their own, so it is proven to follow the
+declared needs, not the built-in names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dataproto import DataProto
+from flows.engines import check_backend
+from stages.config import load_config
+from stages.engines.roles import ActorWorker
+from stages.engines.rollout_backends import ROLLOUT_BACKENDS, RolloutBackendSpec
+from stages.engines.worker_group import (
+    WORKER_BACKENDS,
+    LocalWorkerGroup,
+    WorkerBackendSpec,
+    make_worker_group,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_builtin_entries_declare_their_needs() -> None:
+    local, ray = WORKER_BACKENDS.get("local"), WORKER_BACKENDS.get("ray")
+    assert (local.ranks_in_driver, local.max_world_size) == (True, 1)
+    assert (ray.ranks_in_driver, ray.max_world_size) == (False, None)
+    hf, vllm = ROLLOUT_BACKENDS.get("hf"), ROLLOUT_BACKENDS.get("vllm")
+    assert (hf.max_tensor_parallel_size, hf.needs_in_process_actor) == (1, False)
+    assert (vllm.max_tensor_parallel_size, vllm.needs_in_process_actor) == (None, True)
+
+
+class _Missing(ImportError):
+    pass
+
+
+def _unavailable() -> None:
+    raise _Missing("pip install the test backend")
+
+
+@pytest.fixture
+def backends():
+    """A worker backend with ranks in other processes (deps missing), a capped in-driver one,
+    and a rollout backend that needs the actor in the driver."""
+    WORKER_BACKENDS.add(
+        "test_remote",
+        WorkerBackendSpec(
+            make_group=lambda factory, world_size, **kw: ("remote", world_size, kw),
+            ranks_in_driver=False,
+            max_world_size=None,
+            check_available=_unavailable,
+        ),
+    )
+    WORKER_BACKENDS.add(
+        "test_pair",
+        WorkerBackendSpec(
+            make_group=lambda factory, world_size, **kw: LocalWorkerGroup(factory, **kw),
+            ranks_in_driver=True,
+            max_world_size=2,
+            check_available=lambda: None,
+        ),
+    )
+    ROLLOUT_BACKENDS.add(
+        "test_beside_actor",
+        RolloutBackendSpec(
+            generate=lambda worker, prompts, settings: ("generated", worker, settings),
+            max_tensor_parallel_size=None,
+            needs_in_process_actor=True,
+        ),
+    )
+    yield
+    WORKER_BACKENDS.remove("test_remote")
+    WORKER_BACKENDS.remove("test_pair")
+    ROLLOUT_BACKENDS.remove("test_beside_actor")
+
+
+def demo_config(*overrides: str):
+    return load_config(REPO / "configs" / "demo-cpu.yaml", list(overrides))
+
+
+def test_world_size_is_bounded_by_the_backend_entry(backends) -> None:
+    two = ("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_mini_batch_size=16")
+    check_backend(demo_config("ppoflow.workers.backend=test_pair", *two))
+    three = ("trainer.n_gpus_per_node=3", "data.train_batch_size=48")
+    with pytest.raises(ValueError, match="the test_pair backend runs at most 2 rank"):
+        check_backend(
+            demo_config(
+                "ppoflow.workers.backend=test_pair",
+                *three,
+                "actor_rollout_ref.actor.ppo_mini_batch_size=12",
+            )
+        )
+
+
+def test_a_rollout_that_needs_the_actor_in_the_driver_is_refused_elsewhere(backends) -> None:
+    config = demo_config(
+        "ppoflow.workers.backend=test_remote", "actor_rollout_ref.rollout.name=test_beside_actor"
+    )
+    with pytest.raises(
+        NotImplementedError, match=r"rollout\.name=test_beside_actor runs .*\(not test_remote\)"
+    ):
+        check_backend(config)
+    check_backend(demo_config("actor_rollout_ref.rollout.name=test_beside_actor"))  # local: fine
+
+
+def test_the_backend_checks_its_own_dependencies(backends) -> None:
+    with pytest.raises(_Missing, match="pip install the test backend"):
+        check_backend(demo_config("ppoflow.workers.backend=test_remote"))
+
+
+def test_make_worker_group_uses_the_entry(backends) -> None:
+    assert make_worker_group("test_remote", object, 3, x=1) == ("remote", 3, {"x": 1})
+    with make_worker_group("test_pair", dict, 1, a=2) as group:
+        assert group.worker == {"a": 2}
+
+
+def test_the_actor_generates_with_the_configured_entry(backends) -> None:
+    config = demo_config("actor_rollout_ref.rollout.name=test_beside_actor")
+    tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+    worker = SimpleNamespace(config=config, tokenizer=tokenizer)
+    prompts = DataProto(batch=None, non_tensor_batch={}, meta_info={})
+    tag, generated_by, settings = ActorWorker.generate_sequences(worker, prompts, greedy=True)
+    assert (tag, generated_by, settings.do_sample) == ("generated", worker, False)
