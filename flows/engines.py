@@ -34,8 +34,8 @@ group is closed — so engines built here, one by one or all at once, are releas
 Weight lineage (:class:`WeightsLineage`): the cache key of a weight-reading stage needs a
 fingerprint of the weights it reads. Hashing the parameters every step would cost a pass over
 the model, so the fingerprint is a lineage instead: a role starts from a hash of its model
-directory's file listing (name, size, mtime), and each update stage that ran or was taken from
-the cache moves it to sha256(previous | the update's cache key). Equal lineages mean the same
+directory's content digest (BLAKE3 of its files, ``flows.user_files``), and each update stage
+moves it to sha256(previous | the update's cache key); in training an update always runs. Equal lineages mean the same
 initial model and the same sequence of updates on the same inputs.
 """
 
@@ -46,13 +46,13 @@ import math
 import os
 import random
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from dataproto import DataProto
+from flows.user_files import path_digest
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 from stages.engines.worker_group import WORKER_BACKENDS, check_method
 from stages.plugins import import_plugins, plugin_roots
@@ -287,15 +287,13 @@ def close_engines(engines: dict[str, Any]) -> None:
         engines.clear()
 
 
-def model_fingerprint(path: str | os.PathLike, role: str) -> str:
-    """sha256 of the role and the model directory's listing (relative name, size, mtime_ns)."""
-    root = Path(path)
-    digest = hashlib.sha256(f"ppoflow-weights-v1\n{role}\n{root.absolute()}\n".encode())
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
-    for file in files:
-        stat = file.stat()
-        digest.update(f"{file.relative_to(root)}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
+def model_fingerprint(path: str | os.PathLike, role: str, dtype: str | None = None) -> str:
+    """sha256 of the role, the compute dtype and the content digest of the model directory
+    (``flows.user_files.path_digest``): the same files anywhere give the same lineage root, an
+    edited file or another dtype gives another."""
+    digest = path_digest(path)
+    text = f"ppoflow-weights-v2\n{role}\n{digest}\n{dtype}\n"
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class WeightsLineage:
@@ -306,12 +304,13 @@ class WeightsLineage:
 
     @classmethod
     def from_config(cls, config: Any) -> WeightsLineage:
-        actor_path = config.actor_rollout_ref.model.path
+        model = config.actor_rollout_ref.model
+        critic_dtype = config.critic.model.dtype or model.dtype
         return cls(
             {
-                "actor": model_fingerprint(actor_path, "actor"),
-                "ref": model_fingerprint(actor_path, "ref"),
-                "critic": model_fingerprint(config.critic.model.path, "critic"),
+                "actor": model_fingerprint(model.path, "actor", model.dtype),
+                "ref": model_fingerprint(model.path, "ref", model.dtype),
+                "critic": model_fingerprint(config.critic.model.path, "critic", critic_dtype),
             }
         )
 

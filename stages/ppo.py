@@ -18,6 +18,7 @@ rollout (one greedy response per prompt) and ``baseline_reward`` after the rewar
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import replace
 
@@ -59,6 +60,22 @@ PPO_STAGES: tuple[Stage, ...] = (
 )
 
 
+def seeded_uids(rows: int, seed: int, step: int) -> np.ndarray:
+    """(rows,) object array of uuid4-form strings derived from (seed, step, row): the same step
+    of the same run gets the same prompt groups in every process, so its input artifact — and
+    every cache key downstream — repeats when the run is trained again or resumed.
+
+    >>> a, b = seeded_uids(2, 42, 1), seeded_uids(2, 42, 1)
+    >>> bool((a == b).all()), a[0] != a[1], seeded_uids(1, 42, 2)[0] != a[0]
+    (True, True, True)
+    """
+    out = []
+    for row in range(rows):
+        digest = hashlib.sha256(f"ppoflow-uid-v1\n{seed}\n{step}\n{row}".encode()).digest()
+        out.append(str(uuid.UUID(bytes=digest[:16], version=4)))
+    return np.array(out, dtype=object)
+
+
 def fresh_uids(rows: int) -> np.ndarray:
     """(rows,) object array of uuid4 strings, one prompt group id each."""
     return np.array([str(uuid.uuid4()) for _ in range(rows)], dtype=object)
@@ -71,10 +88,13 @@ def make_step_input(
     temperature: float,
     global_steps: int,
     kl_coef: float | None = None,
+    uid_seed: int | None = None,
 ) -> DataProto:
     """The step's input batch from a loader batch of B_p prompts: B = B_p · n rows.
 
-    verl's order: a fresh uuid4 ``uid`` per prompt (any dataset uid is replaced), then
+    verl's order: a fresh uuid4 ``uid`` per prompt (any dataset uid is replaced; with
+    ``uid_seed``, as training passes ``trainer.seed``, one derived from the seed, the step and
+    the row instead: :func:`seeded_uids`), then
     ``repeat(n, interleave=True)`` (a prompt's n samples are adjacent). The (B_p, P) prompt tensors
     ``input_ids`` / ``attention_mask`` / ``position_ids`` are renamed ``prompt_*`` so the
     rollout's full-sequence tensors of the same names do not clash with them. meta_info:
@@ -83,7 +103,11 @@ def make_step_input(
     """
     tensors = {new: prompts.batch[old] for new, old in PROMPT_KEYS.items()}
     non_tensors = dict(prompts.non_tensor_batch)
-    non_tensors[K.UID] = fresh_uids(len(prompts))
+    non_tensors[K.UID] = (
+        fresh_uids(len(prompts))
+        if uid_seed is None
+        else seeded_uids(len(prompts), uid_seed, global_steps)
+    )
     meta_info = {K.TEMPERATURE: float(temperature), K.GLOBAL_STEPS: int(global_steps)}
     if kl_coef is not None:
         meta_info[K.KL_COEF] = float(kl_coef)

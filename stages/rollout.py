@@ -37,7 +37,7 @@ from dataproto import DataProto
 from dataproto import keys as K
 from stages.algos.advantages import ADV_ESTIMATORS
 from stages.engine_calls import call_engine
-from stages.stage import Stage, StageContext, non_tensor, tensor
+from stages.stage import Stage, StageContext, non_tensor, step_seed, tensor
 
 #: the rollout's output keys (what the engine returns and the stage keeps)
 ROLLOUT_KEYS = (
@@ -65,10 +65,22 @@ def generation_prompts(batch: DataProto) -> DataProto:
     )
 
 
+def sampling_seed(ctx: StageContext) -> int:
+    """The rollout's seed in this step: ``step_seed(trainer.seed, step, "rollout")``, so the
+    step samples the same responses in an uninterrupted run, a resumed one and a re-run."""
+    return step_seed(ctx.config.trainer.seed, ctx.step, "rollout")
+
+
 def rollout_fn(batch: DataProto, ctx: StageContext) -> DataProto:
-    """requires: prompt_* (B, P); produces: :data:`ROLLOUT_KEYS`."""
+    """requires: prompt_* (B, P); produces: :data:`ROLLOUT_KEYS`. Sampling is seeded per step
+    (:func:`sampling_seed`)."""
     out, metrics = call_engine(
-        ctx, "actor", "generate_sequences", generation_prompts(batch), validate=False
+        ctx,
+        "actor",
+        "generate_sequences",
+        generation_prompts(batch),
+        validate=False,
+        seed=sampling_seed(ctx),
     )
     ctx.metrics.update(metrics)
     missing = [key for key in ROLLOUT_KEYS if key not in out.batch]
@@ -94,7 +106,12 @@ ROLLOUT_STAGE = Stage(
         "actor_rollout_ref.rollout.do_sample",
         "actor_rollout_ref.rollout.ignore_eos",
         "actor_rollout_ref.rollout.response_length",
+        "actor_rollout_ref.rollout.max_num_seqs",
+        "actor_rollout_ref.rollout.seed",
+        "actor_rollout_ref.rollout.dtype",
     ),
+    file_keys=("actor_rollout_ref.model.tokenizer_path",),
+    seeded=True,
     reads_weights=True,
     engine="actor",
 )
@@ -189,7 +206,10 @@ BASELINE_ROLLOUT_STAGE = Stage(
         "actor_rollout_ref.rollout.name",
         "actor_rollout_ref.rollout.response_length",
         "actor_rollout_ref.rollout.ignore_eos",
+        "actor_rollout_ref.rollout.max_num_seqs",
+        "actor_rollout_ref.rollout.dtype",
     ),
+    file_keys=("actor_rollout_ref.model.tokenizer_path",),
     reads_weights=True,
     engine="actor",
 )

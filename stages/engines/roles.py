@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -217,15 +218,22 @@ class ActorWorker(_CheckpointMixin):
         return super().load_checkpoint(directory)
 
     def generate_sequences(
-        self, prompts: DataProto, validate: bool = False, greedy: bool = False
+        self,
+        prompts: DataProto,
+        validate: bool = False,
+        greedy: bool = False,
+        seed: int | None = None,
     ) -> DataProto:
         """One response per prompt row (``rollout_hf``'s layout) from the ``rollout.name`` entry of
         ``ROLLOUT_BACKENDS``: HF ``generate`` on the actor's module (``hf``), or the vLLM engine
         of :meth:`vllm_rollout` (``vllm``).
 
         ``validate``: sample with rollout.val_kwargs.*; ``greedy``: decode greedily (ReMax's
-        baseline; see :func:`sampling_settings`)."""
+        baseline; see :func:`sampling_settings`); ``seed``: sample with that seed (offset by
+        this rank's index, so ranks draw differently), the same responses in any process."""
         settings = sampling_settings(self.config, self.tokenizer, validate=validate, greedy=greedy)
+        if seed is not None:
+            settings = replace(settings, seed=rank_seed(seed, _rank()))
         backend = ROLLOUT_BACKENDS.get(self.config.actor_rollout_ref.rollout.name)
         return backend.generate(self, prompts, settings)
 
@@ -367,6 +375,16 @@ class CriticWorker(_CheckpointMixin):
         )
         step_lr_schedule(self.engine)
         return with_metrics(None, metrics)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The sampling seed of data-parallel rank ``rank`` for a call seeded ``seed``: below 2**62,
+    with room for one seed per row above it (vLLM).
+
+    >>> rank_seed(5, 0), rank_seed(5, 1) != rank_seed(5, 0)
+    (5, True)
+    """
+    return (seed + rank * 0x9E3779B97F4A7C15) % 2**62
 
 
 def _rank() -> int:

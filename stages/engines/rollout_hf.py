@@ -20,7 +20,10 @@ decoding the temperature is 1.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -40,6 +43,9 @@ class SamplingSettings:
     ignore_eos: verl's ``rollout.ignore_eos``: generation does not stop at EOS, every response
         has ``response_length`` tokens and its mask covers them all (``stop_ids`` is empty).
     max_batch_rows: rows generated together (bounds the KV cache); 0 = all rows at once.
+    seed: when set, sampling is seeded with it (HF: torch's generator, forked so the caller's
+        RNG state is untouched; vLLM: row i of the call gets seed + i), so the same call on
+        the same weights samples the same responses in any process.
     """
 
     response_length: int
@@ -51,6 +57,7 @@ class SamplingSettings:
     do_sample: bool = True
     ignore_eos: bool = False
     max_batch_rows: int = 0
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.response_length < 1:
@@ -172,20 +179,48 @@ def generate_sequences(
     was_training = module.training
     module.eval()
     try:
-        chunks = [
-            _generate_rows(
-                module,
-                input_ids[i : i + step],
-                prompt_mask[i : i + step],
-                settings,
-                **generate_kwargs,
+        with seeded_rng(settings.seed, input_ids.device):
+            chunks = _generate_chunks(
+                module, input_ids, prompt_mask, settings, step, **generate_kwargs
             )
-            for i in range(0, rows, step)
-        ]
     finally:
         module.train(was_training)
     responses = torch.cat([c[0] for c in chunks])  # (B, R)
     return assemble_rollout(batch, responses, torch.cat([c[1] for c in chunks]), settings)
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Inside: torch's RNG seeded with ``seed`` (CPU and ``device``); after: the state it had
+    before, as if nothing was drawn. ``seed=None``: the RNG as it is, unforked."""
+    if seed is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def _generate_chunks(
+    module: nn.Module,
+    input_ids: Tensor,
+    prompt_mask: Tensor,
+    settings: SamplingSettings,
+    step: int,
+    **generate_kwargs: Any,
+) -> list[tuple[Tensor, Tensor]]:
+    rows = input_ids.shape[0]
+    return [
+        _generate_rows(
+            module,
+            input_ids[i : i + step],
+            prompt_mask[i : i + step],
+            settings,
+            **generate_kwargs,
+        )
+        for i in range(0, rows, step)
+    ]
 
 
 def assemble_rollout(

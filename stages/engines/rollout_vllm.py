@@ -133,8 +133,9 @@ class VLLMRollout:
 
     # --- rollouts ---
 
-    def sampling_params(self, settings: SamplingSettings) -> Any:
-        """vLLM ``SamplingParams`` for one response per prompt row under ``settings``."""
+    def sampling_params(self, settings: SamplingSettings, seed: int | None = None) -> Any:
+        """vLLM ``SamplingParams`` for one response per prompt row under ``settings``;
+        ``seed``: that request's own sampling seed (None: the engine's generator)."""
         from vllm import SamplingParams
 
         truncates = settings.top_k > 0 or settings.top_p < 1.0
@@ -159,8 +160,17 @@ class VLLMRollout:
             ignore_eos=True,  # stop at settings.stop_ids only, as rollout_hf does
             stop_token_ids=list(settings.stop_ids),  # empty with rollout.ignore_eos
             detokenize=False,
+            seed=seed,
             **sampling,
         )
+
+    def request_params(self, settings: SamplingSettings, rows: int) -> Any:
+        """One ``SamplingParams`` for every row, or with ``settings.seed`` one per row (row i:
+        seed + i), so a seeded call samples the same responses whatever the engine ran
+        before."""
+        if settings.seed is None:
+            return self.sampling_params(settings)
+        return [self.sampling_params(settings, settings.seed + row) for row in range(rows)]
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto, settings: SamplingSettings) -> DataProto:
@@ -179,7 +189,8 @@ class VLLMRollout:
                 f"max_model_len={self.max_model_len}; raise max_model_len or shorten the prompts"
             )
         self._wake_all()
-        outputs = self.llm.generate(token_prompts, self.sampling_params(settings), use_tqdm=False)
+        params = self.request_params(settings, len(token_prompts))
+        outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
         token_lists = [list(o.outputs[0].token_ids) for o in outputs]
         logprob_lists = [
             [step[token].logprob for step, token in zip(o.outputs[0].logprobs, tokens)]
