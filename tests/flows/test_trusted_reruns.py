@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from flows.checkpoints import DATA_ROLE, STATE_FILE
 from flows.cli import app
 from flows.run_store import RunStore
 from flows.step_flow import WEIGHT_WRITER_REASON
@@ -94,16 +96,23 @@ def test_training_twice_into_one_directory_gives_the_uninterrupted_weights(
 
 
 def test_resuming_into_the_killed_runs_own_directory_gives_the_uninterrupted_weights(
-    demo, uninterrupted, tmp_path, tiny_run_overrides
+    demo, uninterrupted, tmp_path, tiny_run_overrides, capsys
 ):
-    """The killed run computed step 3 but died before its checkpoint: tracker at 2."""
+    """The killed run computed step 3 but died before its checkpoint: tracker at 2. Its
+    checkpoint's code manifest is made to differ in one file: the resume says so and goes on."""
     run_dir, checkpoints = tmp_path / "run", tmp_path / "out" / "checkpoints"
     ppo_train(demo, tmp_path / "out", run_dir, tiny_run_overrides)
     shutil.rmtree(checkpoints / f"global_step_{STEPS}")
     write_latest_step(checkpoints, STEPS - 1)
+    state_file = checkpoint_dir(checkpoints, STEPS - 1, DATA_ROLE) / STATE_FILE
+    state = json.loads(state_file.read_text())
+    state["code_files"]["stages/advantage.py"] = "0" * 64
+    state_file.write_text(json.dumps(state))
+    capsys.readouterr()
     resumed = ppo_train(
         demo, tmp_path / "out", run_dir, tiny_run_overrides, "trainer.resume_mode=auto"
     )
+    assert "the code changed since this checkpoint (stages/advantage.py)" in capsys.readouterr().out
     assert [m["training/global_step"] for m in resumed.history] == [float(STEPS)]
     journal = RunStore(resumed.run_dir).read_journal(STEPS)
     assert journal.record("rollout").status == "cached"
