@@ -80,7 +80,9 @@ def test_config_change_invalidates_that_stage_and_downstream_only(
     changed = toy_ctx.config.model_copy(
         update={"toy": toy_ctx.config.toy.model_copy(update={"factor": 3.0})}
     )
-    branch = RunStore(tmp_path / "branch", cache_dir=store.cache_dir, parents=[store.root])  # a re-run branch
+    branch = RunStore(
+        tmp_path / "branch", cache_dir=store.cache_dir, parents=[store.root]
+    )  # a re-run branch
     ctx = type(toy_ctx)(config=changed, engines=toy_ctx.engines)
     rerun = run_step(toy_stages, toy_batch, ctx, branch, 1, weights_fingerprints=WEIGHTS)
     assert statuses(rerun) == {
