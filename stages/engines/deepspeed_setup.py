@@ -241,7 +241,8 @@ def initialize_engine(
     where it applies on CUDA), the warm-up/cosine schedule, gradient clipping, ZeRO.
 
     A frozen role (``trainable=False``, the reference) gets no optimizer state: ZeRO-3 still
-    partitions its parameters, lower stages keep the plain module in eval mode.
+    partitions its parameters (offloaded to CPU memory with ``offload_param``), lower stages keep
+    the plain module in eval mode.
     """
     import deepspeed
 
@@ -253,7 +254,10 @@ def initialize_engine(
         module.requires_grad_(False).eval()
         if settings.zero_stage != 3:
             return module.to(_device())
-        config["zero_optimization"] = {"stage": 3, "stage3_param_persistence_threshold": 0}
+        zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
+        if settings.offload_param:  # the parameters live in CPU memory between uses
+            zero["offload_param"] = config["zero_optimization"]["offload_param"]
+        config["zero_optimization"] = zero
         engine, *_ = deepspeed.initialize(model=module, config=config)
         return engine
     optimizer = _make_optimizer(module, settings)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDict
@@ -27,9 +27,16 @@ from stages.engines.models import load_causal_lm, load_value_model
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 from stages.engines.rollout_hf import SamplingSettings
 
+if TYPE_CHECKING:
+    from stages.config.schema_actor import ActorConfig, OptimConfig, RefConfig, RolloutConfig
+    from stages.config.schema_critic import CriticConfig
+
 
 def engine_settings(
-    role_cfg: Any, optim: Any, dtype: str, total_training_steps: int
+    role_cfg: ActorConfig | CriticConfig,
+    optim: OptimConfig,
+    dtype: str,
+    total_training_steps: int,
 ) -> EngineSettings:
     """EngineSettings from an actor/critic config slice and its ``optim`` block."""
     return EngineSettings(
@@ -49,7 +56,14 @@ def engine_settings(
     )
 
 
-def log_prob_micro_batching(cfg: Any) -> MicroBatching:
+def reference_settings(ref_cfg: RefConfig, dtype: str) -> EngineSettings:
+    """The frozen reference's engine: ``ref.zero_stage`` and ``ref.param_offload`` (no optimizer)."""
+    return EngineSettings(
+        zero_stage=ref_cfg.zero_stage, dtype=dtype, offload_param=ref_cfg.param_offload
+    )
+
+
+def log_prob_micro_batching(cfg: RolloutConfig | RefConfig) -> MicroBatching:
     """The micro-batching of a log-prob pass from rollout.* / ref.* ``log_prob_*`` keys."""
     return MicroBatching(
         micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
@@ -305,7 +319,7 @@ class RefWorker:
         self.config = config
         self.model = initialize_engine(
             ResponseLogProbModel(lm),
-            EngineSettings(zero_stage=ref.zero_stage, dtype=model_cfg.dtype),
+            reference_settings(ref, model_cfg.dtype),
             trainable=False,
         )
 

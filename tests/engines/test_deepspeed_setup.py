@@ -149,3 +149,34 @@ def test_optimizer_offload_trains_like_no_offload(tiny_model_dir, make_rollout_b
         torch.testing.assert_close(
             weights[1][name], weights[0][name], atol=1e-5, rtol=1e-4, msg=name
         )
+
+
+def test_frozen_zero3_reference_with_param_offload_computes_the_same_logprobs(
+    tiny_model_dir, make_rollout_batch
+):
+    """actor_rollout_ref.ref.param_offload: the frozen ZeRO-3 engine keeps its parameters in CPU
+    memory (offload_param in its DeepSpeed config) and computes the same log-probs."""
+    from stages.config import load_config
+    from stages.engines.actor import compute_log_prob
+    from stages.engines.batching import MicroBatching
+    from stages.engines.roles import reference_settings
+
+    cfg = load_config(
+        None,
+        ["actor_rollout_ref.ref.zero_stage=3", "actor_rollout_ref.ref.param_offload=true"],
+    )
+    settings = reference_settings(cfg.actor_rollout_ref.ref, "float32")
+    assert (settings.zero_stage, settings.offload_param) == (3, True)
+    batch = make_rollout_batch([2, 3], [3, 1], P=3, R=3)
+    logprobs = []
+    for offload in (False, True):
+        engine = initialize_engine(
+            ResponseLogProbModel(load_causal_lm(tiny_model_dir)),
+            EngineSettings(zero_stage=3, offload_param=offload),
+            trainable=False,
+        )
+        zero = engine.config["zero_optimization"]
+        assert ("offload_param" in zero) is offload
+        delta, _ = compute_log_prob(engine, batch, MicroBatching())
+        logprobs.append(delta.batch["old_log_probs"])
+    torch.testing.assert_close(logprobs[1], logprobs[0])
