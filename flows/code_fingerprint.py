@@ -239,21 +239,34 @@ class StageCode:
 
 
 @functools.lru_cache(maxsize=256)
-def _stage_code(fn_module: str | None, uses_engines: bool, plugins: tuple[str, ...]) -> StageCode:
-    extra = outside_module_file(fn_module)
-    if plugins:
-        from stages.plugins import plugin_source_files
+def _own_code(fn_module: str | None, uses_engines: bool) -> Mapping[str, str]:
+    files = code_files(stage_modules(fn_module, uses_engines), outside_module_file(fn_module))
+    return MappingProxyType(files)
 
-        extra.update({f"plugin:{path}": path for path in plugin_source_files(list(plugins))})
-    files = code_files(stage_modules(fn_module, uses_engines), extra)
-    return StageCode(code_fingerprint(files), MappingProxyType(files))
+
+def plugin_files(plugins: Sequence[str]) -> dict[str, str]:
+    """{``plugin:<path>``: sha256} of the plugin modules' files, where they are found now (a
+    plugin re-imported from elsewhere is seen), re-hashed when a file's size or mtime changes."""
+    if not plugins:
+        return {}
+    from stages.plugins import plugin_source_files
+
+    return {f"plugin:{path}": file_digest(path) for path in plugin_source_files(list(plugins))}
 
 
 def stage_code(stage: Any, plugins: Sequence[str] = ()) -> StageCode:
-    """The code ``stage`` runs (module docstring), found and hashed once per process: the
-    process runs the code it imported, so an edit on disk after that is not what it runs."""
+    """The code ``stage`` runs (module docstring). ppoflow's own files are found and hashed once
+    per process: the process runs the code it imported, so an edit on disk after that is not
+    what it runs. The plugins' files are looked up on every call."""
     uses_engines = bool(stage.reads_weights or stage.writes_weights)
-    return _stage_code(function_module(stage.fn), uses_engines, tuple(plugins))
+    files = {**_own_code(function_module(stage.fn), uses_engines), **plugin_files(plugins)}
+    return _stage_code(tuple(sorted(files.items())))
+
+
+@functools.lru_cache(maxsize=1024)
+def _stage_code(items: tuple[tuple[str, str], ...]) -> StageCode:
+    files = dict(items)
+    return StageCode(code_fingerprint(files), MappingProxyType(files))
 
 
 def run_code(stages: Iterable[Any], plugins: Sequence[str] = ()) -> StageCode:

@@ -3,6 +3,8 @@ selected by name in a YAML config; its distinctive advantages reach the advantag
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -71,3 +73,37 @@ def test_two_steps_with_a_plugin_estimator_from_yaml(
         assert bool(((advantages == 0) | is_plugin_value).all())
         assert int(is_plugin_value.sum()) == int(response_mask.sum()) > 0
         assert torch.isfinite(torch.tensor(result.history[step - 1]["actor/pg_loss"]))
+
+
+def test_an_edited_plugin_module_is_a_cache_miss_naming_it(
+    plugin_dir, tmp_path, make_demo_inputs, tiny_run_overrides
+):
+    """One step with the plugin estimator; then the plugin file is edited and step 1 is re-run
+    from the advantage in a new process (the one that imported the old plugin keeps running
+    its old code): the advantage misses naming the plugin file, and uses the new code."""
+    demo = make_demo_inputs(tmp_path / "demo")
+    out = tmp_path / "out"
+    overrides = tiny_run_overrides(
+        demo,
+        out,
+        1,
+        "trainer.val_before_train=false",
+        "trainer.test_freq=0",
+        f"ppoflow.plugins=[{MODULE}]",
+        f"algorithm.adv_estimator={ESTIMATOR}",
+    )
+    result = train(REPO / "configs" / "demo-cpu.yaml", overrides, str(out / "run"))
+    plugin = plugin_dir / f"{MODULE}.py"
+    plugin.write_text(plugin.read_text().replace(str(ADVANTAGE), "0.5"), encoding="utf-8")
+    branch = tmp_path / "branch"
+    env = {**os.environ, "PYTHONPATH": str(plugin_dir), "PREFECT_HOME": str(tmp_path / "prefect")}
+    command = [sys.executable, "-m", "flows.cli", "rerun", result.run_dir, "--step", "1",
+               "--from", "advantage", "--to", "advantage", "--run-dir", str(branch)]  # fmt: skip
+    completed = subprocess.run(
+        command, capture_output=True, text=True, env=env, cwd=REPO, timeout=600
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    line = next(x for x in completed.stdout.splitlines() if x.strip().startswith("advantage"))
+    assert "ran" in line and f"stage code changed (plugin:{plugin.resolve()})" in line, line
+    advantages = load_artifact(RunStore(branch).artifact_path(1, "advantage")).batch["advantages"]
+    assert bool(torch.isclose(advantages[advantages != 0], torch.tensor(0.5)).all())
