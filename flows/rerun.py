@@ -42,6 +42,7 @@ from typing import Any
 from dataproto import keys as K
 from dataproto.artifact import ArtifactError, Verify, load_artifact, read_manifest
 from flows.checkpoints import DATA_ROLE, STATE_FILE
+from flows.device import apply_device
 from flows.engines import (
     WeightsLineage,
     build_reward,
@@ -165,6 +166,7 @@ def role_builder(
     ``total_steps()`` is the run's step count (the lr schedule's length)."""
 
     def build() -> dict[str, Any]:
+        apply_device(cfg)
         directory = checkpoint_dir(checkpoint_root(cfg), step - 1, role)
         restore = step > 1 and role != "ref"  # the reference policy never changes
         if restore and not directory.is_dir():

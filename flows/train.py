@@ -46,6 +46,7 @@ from flows.checkpoints import (
     save_run_checkpoint,
 )
 from flows.code_fingerprint import code_change_notice, run_code
+from flows.device import apply_device
 from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
 from flows.generations_dump import dump_rollout, dump_validation
 from flows.mlflow_logger import MLflowLogger
@@ -142,6 +143,7 @@ class TrainRun:
 
 def open_run(cfg: PPORunConfig, run_dir: str | None) -> TrainRun:
     """Steps 1–3 of the module docstring (engines and MLflow opened last)."""
+    apply_device(cfg)
     seed_everything(cfg.trainer.seed)
     store = RunStore(run_dir or default_run_dir(cfg))
     store.save_config(cfg)

@@ -106,11 +106,6 @@ def _algorithm_problems(cfg: PPORunConfig) -> list[str]:
         problems.append(
             f"algorithm.kl_ctrl.target_kl = {ctrl.target_kl} but the adaptive controller needs > 0"
         )
-    if algo.rollout_correction.bypass_mode and not rollout.calculate_log_probs:
-        problems.append(
-            "algorithm.rollout_correction.bypass_mode = true uses rollout_log_probs as "
-            f"old_log_probs, but {ARR}.rollout.calculate_log_probs = false; set it to true"
-        )
     return problems
 
 

@@ -263,9 +263,6 @@ class RolloutConfig(ConfigModel):
         ge=1,
         description="vLLM: context length; null = prompt_length + response_length (tokens)",
     )
-    calculate_log_probs: bool = Field(
-        True, description="Return the sampler's token log-probs as rollout_log_probs (bool)"
-    )
     log_prob_micro_batch_size_per_gpu: int | None = Field(
         None,
         ge=1,

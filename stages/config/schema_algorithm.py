@@ -30,7 +30,7 @@ class RolloutCorrectionConfig(ConfigModel):
 
     bypass_mode: bool = Field(
         False,
-        description="Use rollout_log_probs as old_log_probs instead of recomputing them; needs rollout.calculate_log_probs (bool)",
+        description="Use rollout_log_probs as old_log_probs instead of recomputing them (every rollout returns them) (bool)",
     )
 
 

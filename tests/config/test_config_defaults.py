@@ -66,7 +66,6 @@ VERL_DEFAULTS = {
     "actor_rollout_ref.rollout.val_kwargs.do_sample": False,
     "actor_rollout_ref.rollout.val_kwargs.top_p": 1.0,
     "actor_rollout_ref.rollout.val_kwargs.top_k": -1,
-    "actor_rollout_ref.rollout.calculate_log_probs": True,
     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.5,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
     "critic.enable": None,

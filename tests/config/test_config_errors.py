@@ -129,12 +129,9 @@ BAD_OVERRIDES = {
         ["reward.reward_model.enable=true"],
         ["reward.reward_model.model_path"],
     ),
-    "bypass mode without rollout log-probs": (
-        [
-            "algorithm.rollout_correction.bypass_mode=true",
-            "actor_rollout_ref.rollout.calculate_log_probs=false",
-        ],
-        ["bypass_mode = true", "calculate_log_probs = false"],
+    "verl's calculate_log_probs, which ppoflow does not have (its rollouts always return them)": (
+        ["actor_rollout_ref.rollout.calculate_log_probs=false"],
+        ["actor_rollout_ref.rollout.calculate_log_probs"],
     ),
     "dynamic batch budget below one sequence": (
         [

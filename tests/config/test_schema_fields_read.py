@@ -43,9 +43,7 @@ Three explicit cases, each named here rather than found by the search:
 
 Each leaf is its own test case. A field that fails here is wired into the code, or removed from
 the schema (then setting it is an error that names it) and documented in docs/differences.md.
-``KNOWN_UNREAD`` names the two fields this walk found that need changes beyond the config to
-resolve, each as a strict xfail with its reason: it fails as soon as the field is read, so the
-entry cannot outlive the fix, and it is no place to park new fields.
+There is no allow-list: every field passes, or the suite fails.
 """
 
 from __future__ import annotations
@@ -328,21 +326,6 @@ def is_single_valued(cls: type[BaseModel], field: str) -> bool:
 
 # --- the tests -----------------------------------------------------------------------------------
 
-#: found by this test, not yet resolved; strict: the case fails once the field is read, so the
-#: entry must then go. Each needs a change outside the config (see the reason).
-KNOWN_UNREAD = {
-    "trainer.device": (
-        "ranks use CUDA whenever torch sees it (stages/engines/deepspeed_setup.py, "
-        "flows/engines.py); honouring 'cpu' on a CUDA host or refusing 'cuda' without one is a "
-        "device-placement change in the engine builder"
-    ),
-    "actor_rollout_ref.rollout.calculate_log_probs": (
-        "the rollout always returns rollout_log_probs and the old_log_prob stage requires them "
-        "(stages/rollout.py, stages/old_log_prob.py); false needs the stage declarations to "
-        "depend on it"
-    ),
-}
-
 
 def is_read_anywhere(path: str, cls: type[BaseModel], field: str) -> bool:
     return (
@@ -361,9 +344,6 @@ def _leaf_cases() -> list:
             cls,
             field,
             id=path,
-            marks=[pytest.mark.xfail(strict=True, reason=KNOWN_UNREAD[path])]
-            if path in KNOWN_UNREAD
-            else [],
         )
         for path, cls, field in leaves()
     ]
@@ -377,10 +357,6 @@ def test_config_field_is_read_by_the_code(path, cls, field):
         f"{sorted(parent_names()[cls])}.{field}), or remove it from the schema and say so in "
         "docs/differences.md"
     )
-
-
-def test_known_unread_fields_exist():
-    assert set(KNOWN_UNREAD) <= {path for path, _, _ in leaves()}
 
 
 def test_the_walk_sees_every_leaf_and_the_search_is_keyed_on_the_parent():
