@@ -84,6 +84,7 @@ import flows.stage_task as stage_task_module
 from dataproto import DataProto
 from dataproto import keys as K
 from flows.cli_train import QUIET_LOGGERS
+from flows.code_fingerprint import stage_code
 from flows.dag import batch_keys, plan_step
 from flows.engines import WeightsLineage, build_engines, build_role, close_engines, roles_for
 from flows.mlflow_logger import MLflowLogger
@@ -566,6 +567,12 @@ def bench_main() -> None:
     sizes = ["quick"] if args.quick else [args.only] if args.only else ["demo", "large"]
     rounds = 3 if args.quick else args.rounds
     print(f"torch threads={torch.get_num_threads()}, {os.cpu_count()} CPUs")
+    start = time.perf_counter()
+    files = {name for stage in PPO_STAGES for name in stage_code(stage).files}
+    print(
+        f"stage code fingerprints, once per process: {time.perf_counter() - start:.3f} s "
+        f"({len(PPO_STAGES)} stages, {len(files)} source files)"
+    )
     with tempfile.TemporaryDirectory(prefix="ppoflow-bench-orch-") as root:
         overheads = run_sizes(Path(root), sizes, rounds, args.set)
     if "demo" in overheads:

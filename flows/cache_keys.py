@@ -203,7 +203,7 @@ def seed_part(stage: Stage, config: Any, step: int | None) -> dict[str, int] | N
         return None
     if step is None:
         raise ValueError(f"stage {stage.name!r} is seeded per step: its cache key needs step=")
-    return {"seed": int(_optional_config(config, "trainer.seed", 0)), "step": int(step)}
+    return {"seed": int(config_value(config, "trainer.seed")), "step": int(step)}
 
 
 def stage_key_parts(

@@ -76,6 +76,15 @@ def batch() -> DataProto:
     )
 
 
+@pytest.fixture
+def setup(tmp_path) -> tuple[Counter, list[Stage], Path]:
+    """(calls per stage, the file stages, a score file holding 1)."""
+    calls = Counter()
+    score = tmp_path / "score.txt"
+    score.write_text("1")
+    return calls, file_stages(calls), score
+
+
 def run(stages, batch, score: Path, store: RunStore, **kwargs):
     ctx = StageContext(config={"toy": {"path": str(score)}}, engines={"model": {"steps": 0}})
     return run_step(
@@ -90,11 +99,8 @@ def by_stage(result) -> dict[str, tuple[str, str]]:
 # --- user files ---------------------------------------------------------------------------------
 
 
-def test_an_edited_user_file_is_a_miss_naming_the_file_and_a_copy_is_a_hit(tmp_path, batch):
-    calls = Counter()
-    stages = file_stages(calls)
-    score = tmp_path / "score.txt"
-    score.write_text("1")
+def test_an_edited_user_file_is_a_miss_naming_the_file_and_a_copy_is_a_hit(tmp_path, batch, setup):
+    calls, stages, score = setup
     store = RunStore(tmp_path / "run")
     first = run(stages, batch, score, store)
     assert by_stage(first)["read"] == ("ran", "cache miss")
@@ -135,11 +141,8 @@ def test_ppo_stages_key_the_files_they_read():
 # --- weight writers -----------------------------------------------------------------------------
 
 
-def test_a_weight_writing_stage_runs_again_in_training_but_not_in_a_rerun(tmp_path, batch):
-    calls = Counter()
-    stages = file_stages(calls)
-    score = tmp_path / "score.txt"
-    score.write_text("1")
+def test_a_weight_writing_stage_runs_again_in_training_but_not_in_a_rerun(tmp_path, batch, setup):
+    calls, stages, score = setup
     store = RunStore(tmp_path / "run")
     run(stages, batch, score, store, run_weight_writers=True)
     again = run(stages, batch, score, store, run_weight_writers=True)
@@ -241,11 +244,8 @@ def test_key_parts_name_every_input_of_the_key():
 # --- run directories ----------------------------------------------------------------------------
 
 
-def test_a_copied_run_directory_is_self_contained(tmp_path, batch):
-    calls = Counter()
-    stages = file_stages(calls)
-    score = tmp_path / "score.txt"
-    score.write_text("1")
+def test_a_copied_run_directory_is_self_contained(tmp_path, batch, setup):
+    calls, stages, score = setup
     original = RunStore(tmp_path / "run")
     run(stages, batch, score, original)
     journal = json.loads((tmp_path / "run" / "step_1" / "journal.json").read_text())
