@@ -62,8 +62,14 @@ from stages.stage import Stage, StageContext
 #: the flow-computed last stage of the ARCHITECTURE table (data, timing, throughput metrics)
 METRICS_STAGE = "metrics"
 STAGE_NAMES: tuple[str, ...] = (*(stage.name for stage in PPO_STAGES), METRICS_STAGE)
-#: metric name prefixes that differ between any two runs of the same work (wall time)
-TIMING_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/")
+#: metric name prefixes that differ between any two runs of the same work (wall time, including
+#: the reward stage's own reward/time_s)
+TIMING_PREFIXES = (
+    "timing_s/",
+    "timing_per_token_ms/",
+    "perf/",
+    "reward/time_s",
+)
 
 
 # --- which stages --------------------------------------------------------------------------------
