@@ -11,7 +11,7 @@ on the 64 answers of seed 1, where g and h are the most frequent). Its accuracy 
 most frequent answer's share. Scoring above both bounds means the policy reads the prompt.
 
 Before training the random model emits no letters (README: greedy validation score 0.000); after
-100 steps the README records 0.434 with accuracy 0.312. About 2.5 minutes of training on two quiet
+100 steps the README records 0.414 with accuracy 0.266. About 2.5 minutes of training on two quiet
 cores; data, model, run directory, MLflow and checkpoints all go under ``tmp_path``.
 """
 
