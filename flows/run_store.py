@@ -29,7 +29,7 @@ import math
 import os
 import re
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -118,8 +118,10 @@ class StageRecord:
             raise ValueError(f"stage {self.stage!r}: status {self.status!r}, expected {STATUSES}")
 
     def to_json(self, root: str | None = None) -> dict[str, Any]:
-        """JSON data; with ``root``, an artifact below it is named relative to it."""
-        data = asdict(self)
+        """JSON data; with ``root``, an artifact below it is named relative to it. Shallow:
+        ``key_parts`` is JSON data already and is shared, not copied (a journal is rewritten
+        after every stage, so this runs often)."""
+        data = {item.name: getattr(self, item.name) for item in fields(self)}
         data["metrics"] = encode_metrics(self.metrics, f"stage {self.stage!r}")
         data["artifact"] = relative_to_root(self.artifact, root)
         return data
@@ -358,7 +360,7 @@ class RunStore:
 
     def write_journal(self, journal: StepJournal) -> str:
         url = f"{self.step_dir(journal.step)}/{JOURNAL_FILE}"
-        self._write_text(url, json.dumps(journal.to_json(self.root), indent=1))
+        self._write_text(url, json.dumps(journal.to_json(self.root), separators=(",", ":")))
         return url
 
     def read_journal(self, step: int) -> StepJournal:
