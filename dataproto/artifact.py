@@ -21,9 +21,9 @@ not fsync'ed: a crash can leave a renamed directory whose bytes never reached th
 fingerprint check on read catches that.
 
 Every file is digested, while it is written and, on read, over a memory map of the file, by the
-file digest named in the manifest's ``digest`` field (dataproto/fingerprint.py): ``sha256_tree``
-(default; sha256 of each 4 MiB chunk on a thread pool, then sha256 over those) or ``blake3``
-(opt-in, about 2× less CPU per byte). A manifest without the field is ``sha256_tree``. Reading verifies before use. ``verify="full"``
+file digest named in the manifest's ``digest`` field (dataproto/fingerprint.py): ``blake3``
+(default, about 2× less CPU per byte) or ``sha256_tree`` (sha256 of each 4 MiB chunk on a thread
+pool, then sha256 over those). A manifest without the field is ``sha256_tree``. Reading verifies before use. ``verify="full"``
 (default) hashes every file and checks the fingerprint. ``verify="lazy"`` hashes the small
 non-tensor and meta files (they are read anyway), checks every file's size and the safetensors
 header against the manifest's schema, and leaves the tensor bytes unhashed so a large batch opens
@@ -54,6 +54,7 @@ from dataproto.artifact_store import MANIFEST, Store
 from dataproto.fingerprint import (
     DEFAULT_DIGEST,
     DIGESTS,
+    LEGACY_DIGEST,
     Digest,
     HashingWriter,
     check_digest_name,
@@ -277,7 +278,7 @@ def _read_manifest(store: Store) -> dict[str, Any]:
     missing = [key for key in _REQUIRED if key not in manifest]
     if missing:
         raise ArtifactError(f"{where}: manifest lacks fields {missing}")
-    digest = manifest.setdefault("digest", DEFAULT_DIGEST)  # written before the field existed
+    digest = manifest.setdefault("digest", LEGACY_DIGEST)  # written before the field existed
     if digest not in DIGESTS:
         raise ArtifactError(
             f"{where}: file digest {digest!r} is unknown; this ppoflow reads {list(DIGESTS)}"

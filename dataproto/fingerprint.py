@@ -1,7 +1,8 @@
 """Digests for artifacts: the per-file digest (two algorithms) and the artifact's fingerprint.
 
 Every artifact file gets a digest by one of two algorithms (``DIGESTS``); the manifest's file
-table names it per file. ``sha256_tree`` is the default.
+table names it per file. ``blake3`` is the default (the artifact's fingerprint stays a sha256);
+a manifest that names no digest was written with ``sha256_tree``.
 
 **sha256_tree** (format version 2). A file's bytes are cut into chunks of ``CHUNK_BYTES`` (4 MiB;
 the last chunk is shorter, an empty file has no chunk). Each chunk gets its own sha256, and
@@ -18,7 +19,8 @@ large buffers) while the writer goes on writing. It differs from ``sha256sum`` o
 the ``blake3`` package on up to :func:`hash_threads` threads, beside the writer. BLAKE3 is a
 cryptographic hash and a Merkle tree by design; on this project's CPUs (AMD EPYC with SHA-NI and
 AVX2) it hashes 2.2× faster per core than sha256, so a large save needs less CPU
-(bench/README.md). Opt-in: ``save_artifact(..., digest="blake3")``, ``ppoflow.artifact_digest``.
+(bench/README.md). The default; ``save_artifact(..., digest="sha256_tree")`` or
+``ppoflow.artifact_digest=sha256_tree`` keeps sha256 all the way down.
 
 **Content fingerprint** of an artifact, a sha256 whichever file digest is used:
 
@@ -48,7 +50,9 @@ TREE_PREFIX = b"ppoflow-sha256-tree-v1"
 
 Digest = Literal["sha256_tree", "blake3"]
 DIGESTS: tuple[Digest, ...] = get_args(Digest)
-DEFAULT_DIGEST: Digest = "sha256_tree"
+DEFAULT_DIGEST: Digest = "blake3"
+#: the digest of a manifest written before manifests named theirs (all were sha256_tree)
+LEGACY_DIGEST: Digest = "sha256_tree"
 _FINGERPRINT_TAG: dict[Digest, str] = {"sha256_tree": "", "blake3": "blake3:"}
 
 Buffer = bytes | bytearray | memoryview
@@ -143,7 +147,7 @@ class TreeHasher:
 
     >>> h = TreeHasher()
     >>> h.update(b"ab"); h.update(b"c")
-    >>> h.nbytes, h.hexdigest() == digest_bytes(b"abc")
+    >>> h.nbytes, h.hexdigest() == digest_bytes(b"abc", "sha256_tree")
     (3, True)
     """
 
@@ -220,7 +224,7 @@ def digest_bytes(data: Buffer, digest: Digest = DEFAULT_DIGEST) -> str:
     True
     >>> digest_bytes(b"abc") == digest_bytes(b"abd")
     False
-    >>> digest_bytes(b"abc", "blake3") == digest_bytes(b"abc")
+    >>> digest_bytes(b"abc", "sha256_tree") == digest_bytes(b"abc")
     False
     """
     hasher = new_hasher(digest)
@@ -348,7 +352,7 @@ def content_fingerprint(
     True
     >>> a == content_fingerprint({"x.npy": "01", "m.json": "11"}, {"rows": 2})
     False
-    >>> a == content_fingerprint({"x.npy": "00", "m.json": "11"}, {"rows": 2}, "blake3")
+    >>> a == content_fingerprint({"x.npy": "00", "m.json": "11"}, {"rows": 2}, "sha256_tree")
     False
     """
     tag = _FINGERPRINT_TAG[check_digest_name(digest)]

@@ -128,8 +128,9 @@ class PPOFlowConfig(ConfigModel):
     )
     artifact_digest: Digest = Field(
         DEFAULT_DIGEST,
-        description="File digest of the stage artifacts: sha256_tree, or blake3 (about half the "
-        "CPU per byte, for large batches) (choice)",
+        description="File digest of the stage artifacts: blake3 (about half sha256's CPU per "
+        "byte), or sha256_tree (sha256 all the way down); the fingerprint is a sha256 either way "
+        "(choice)",
     )
     workers: WorkersConfig = Field(
         default_factory=WorkersConfig, description="Engine rank placement (section)"

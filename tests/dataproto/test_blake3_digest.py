@@ -118,7 +118,7 @@ def test_blake3_artifact_round_trips_and_records_its_digest(art, tmp_path):
     verify_artifact(art)
     ref = artifact_ref(art)
     assert f"fingerprint  {ref.fingerprint} (sha256; files: blake3)" in describe_artifact(art)
-    sha = save_artifact(_data(), tmp_path / "sha")
+    sha = save_artifact(_data(), tmp_path / "sha", digest="sha256_tree")
     assert artifact_ref(art).fingerprint != sha.fingerprint  # the digest is part of it
 
 
@@ -145,7 +145,7 @@ def test_a_manifest_whose_entries_use_another_digest_is_refused(art):
 
 def test_a_manifest_from_before_the_digest_field_reads_as_sha256_tree(tmp_path):
     path = tmp_path / "old"
-    ref = save_artifact(_data(), path)
+    ref = save_artifact(_data(), path, digest="sha256_tree")  # all that format 2 wrote then
     manifest = json.loads((path / "manifest.json").read_text())
     del manifest["digest"]  # what artifact format 2 wrote before the field existed
     (path / "manifest.json").write_text(json.dumps(manifest))

@@ -157,29 +157,31 @@ def test_a_failing_stage_stops_the_step_with_its_own_error(
     ]
 
 
-def test_ppoflow_artifact_digest_blake3_writes_every_artifact_with_it(
+def test_ppoflow_artifact_digest_sha256_tree_writes_every_artifact_with_it(
     first_run, tmp_path, toy_stages, toy_batch, toy_ctx
 ):
+    """The default digest is blake3 (the toy config has no ppoflow section); the key switches
+    every artifact of the step to sha256_tree: same content, other fingerprints."""
     from pydantic import BaseModel
 
     class PPOFlowSection(BaseModel):
-        artifact_digest: str = "blake3"
+        artifact_digest: str = "sha256_tree"
 
     config = toy_ctx.config.model_copy(update={"ppoflow": PPOFlowSection()})
-    store = RunStore(tmp_path / "blake3-run", cache_dir=tmp_path / "blake3-cache")
-    result = run_step(
+    sha_store = RunStore(tmp_path / "sha-run", cache_dir=tmp_path / "sha-cache")
+    sha_result = run_step(
         toy_stages,
         toy_batch,
         replace(toy_ctx, config=config),
-        store,
+        sha_store,
         1,
         weights_fingerprints=WEIGHTS,
     )
-    sha_store, sha_result = first_run
+    store, result = first_run
     assert read_manifest(store.input_path(1))["digest"] == "blake3"
     assert read_manifest(sha_store.input_path(1))["digest"] == "sha256_tree"
     for name in ENABLED:
-        assert read_manifest(store.artifact_path(1, name))["digest"] == "blake3"
+        assert read_manifest(sha_store.artifact_path(1, name))["digest"] == "sha256_tree"
     assert torch.equal(result.batch.batch["s"], sha_result.batch.batch["s"])  # same content…
     fingerprints = {r.stage: r.fingerprint for r in result.records if r.fingerprint}
     sha_fingerprints = {r.stage: r.fingerprint for r in sha_result.records if r.fingerprint}
