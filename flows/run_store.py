@@ -321,7 +321,13 @@ class RunStore:
         target = self._fs_path(url)
         if not self.fs.exists(target):
             raise FileNotFoundError(f"{url}: no {what} (is {self.root!r} a ppoflow run directory?)")
-        return json.loads(self.fs.cat_file(target))
+        try:
+            return json.loads(self.fs.cat_file(target))
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{url}: the {what} is not valid JSON ({err.msg} at line {err.lineno} column "
+                f"{err.colno}): the file is truncated or damaged"
+            ) from None
 
     # --- contents ---
 

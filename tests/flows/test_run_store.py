@@ -104,3 +104,15 @@ def test_fsspec_root(toy_batch):
     assert store.steps() == [1] and store.read_journal(1).stages == journal().stages
     assert store.load_config() == {"a": 1}
     assert len(load_artifact(store.input_path(1))) == 4
+
+
+def test_a_truncated_journal_is_named_in_one_line(tmp_path):
+    store = RunStore(tmp_path / "run")
+    store.write_journal(StepJournal(1, input_artifact=store.input_path(1), input_fingerprint="f"))
+    journal = tmp_path / "run" / "step_1" / "journal.json"
+    journal.write_text(journal.read_text()[:20])
+    with pytest.raises(
+        ValueError, match=r"step_1/journal.json: the journal for step 1 is not valid JSON"
+    ):
+        store.read_journal(1)
+    assert store.previous_journal(1) is None  # only explains misses: never fails a step
