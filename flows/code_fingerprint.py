@@ -22,7 +22,7 @@ validation, defaults): what a stage reads of the config enters its key as *value
 (``config_keys``), so a changed default is a changed value there, while a reworded error
 message changes nothing.
 
-The fingerprint is ``sha256("ppoflow-code-v1" | for each file, sorted: name \\t sha256(bytes))``
+The fingerprint is ``sha256("ppoflow-code-v1" | for each file, sorted: name \\t BLAKE3(bytes))``
 where ``name`` is the file's path relative to the directory holding its top-level package
 (``stages/algos/advantages_group.py``), so a copied checkout with the same files gives the same
 fingerprint. The closure is found once per process (about 0.1 s for the PPO stages on the 2-core
@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from flows.user_files import file_blake3
 
 CODE_FORMAT = "ppoflow-code-v1"
 #: the packages whose code computes a stage's output (``flows`` only orchestrates)
@@ -170,17 +172,6 @@ def _display_name(module: str, path: Path) -> str:
     return "/".join(path.parts[-depth:])
 
 
-@functools.lru_cache(maxsize=4096)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def file_digest(path: str | Path) -> str:
-    """sha256 of the file's bytes (remembered per process while size and mtime stay)."""
-    stat = Path(path).stat()
-    return _file_digest(str(path), stat.st_size, stat.st_mtime_ns)
-
-
 def stage_modules(fn_module: str | None, uses_engines: bool) -> tuple[str, ...]:
     """The module names a stage's closure starts from (module docstring)."""
     engines = package_modules(ENGINE_PACKAGE) if uses_engines else []
@@ -206,17 +197,17 @@ def outside_module_file(module: str | None) -> dict[str, Path]:
 
 
 def code_files(starts: Iterable[str], plugins: Mapping[str, Path] | None = None) -> dict[str, str]:
-    """{display name: sha256 of the file} for the closure of ``starts`` plus the plugin files.
+    """{display name: BLAKE3 of the file} for the closure of ``starts`` plus the plugin files.
 
     Args:
         starts: module names the closure starts from (module docstring).
         plugins: display name → file of each plugin module (``plugin:<module>`` names).
     """
     files = {
-        _display_name(name, Path(path)): file_digest(path)
+        _display_name(name, Path(path)): file_blake3(path)
         for name, path in _closure(tuple(sorted(starts)), COMPUTING_PACKAGES)
     }
-    files.update({name: file_digest(path) for name, path in (plugins or {}).items()})
+    files.update({name: file_blake3(path) for name, path in (plugins or {}).items()})
     return files
 
 
@@ -243,7 +234,7 @@ def changed_files(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
 
 @dataclass(frozen=True)
 class StageCode:
-    """The code a stage runs: {file name: sha256} and their :func:`code_fingerprint`."""
+    """The code a stage runs: {file name: BLAKE3 digest} and their :func:`code_fingerprint`."""
 
     fingerprint: str
     files: Mapping[str, str]
@@ -256,13 +247,13 @@ def _own_code(fn_module: str | None, uses_engines: bool) -> Mapping[str, str]:
 
 
 def plugin_files(plugins: Sequence[str]) -> dict[str, str]:
-    """{``plugin:<path>``: sha256} of the plugin modules' files, where they are found now (a
+    """{``plugin:<path>``: BLAKE3} of the plugin modules' files, where they are found now (a
     plugin re-imported from elsewhere is seen), re-hashed when a file's size or mtime changes."""
     if not plugins:
         return {}
     from stages.plugins import plugin_source_files
 
-    return {f"plugin:{path}": file_digest(path) for path in plugin_source_files(list(plugins))}
+    return {f"plugin:{path}": file_blake3(path) for path in plugin_source_files(list(plugins))}
 
 
 def stage_code(stage: Any, plugins: Sequence[str] = ()) -> StageCode:

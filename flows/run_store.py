@@ -7,7 +7,7 @@ Layout (``root`` is a local path or any fsspec URL)::
     <root>/step_<k>/<stage>/           each stage's delta (an artifact, dataproto/artifact.py)
     <root>/step_<k>/journal.json       what happened in step k (StepJournal below)
     <root>/cache/                      Prefect's cache records (local roots; see RunStore)
-    <root>/code/<fingerprint>.json     the files (name → sha256) behind a stage's code fingerprint
+    <root>/code/<fingerprint>.json     the files (name → BLAKE3) behind a stage's code fingerprint
 
 Artifacts are named relative to the run directory in journals and cache records, so a copied
 or moved run directory is self-contained: it re-runs from its own files.
@@ -402,8 +402,12 @@ class RunStore:
 
     # --- code manifests (the files behind a stage's code fingerprint) ---
 
+    def has_saved_code_manifest(self, fingerprint: str) -> bool:
+        """Whether this store object wrote (or found) the manifest of ``fingerprint`` already."""
+        return fingerprint in self._saved_code
+
     def save_code_manifest(self, fingerprint: str, files: dict[str, str]) -> None:
-        """``<root>/code/<fingerprint>.json``: {file: sha256} behind a code fingerprint, once."""
+        """``<root>/code/<fingerprint>.json``: {file: digest} behind a code fingerprint, once."""
         if fingerprint in self._saved_code:
             return
         url = f"{self.root}/{CODE_DIR}/{fingerprint}.json"

@@ -335,8 +335,10 @@ def run_stage(
     inputs = select_inputs(stage, batch)
     parts = stage_key_parts(stage, ctx.config, fingerprints, weights_fingerprint, step)
     key = cache_key_of(parts)
-    code = stage_code(stage, plugin_names(ctx.config))
-    store.save_code_manifest(code.fingerprint, dict(code.files))
+    if not store.has_saved_code_manifest(parts["code"]):  # once per fingerprint and process
+        store.save_code_manifest(
+            parts["code"], dict(stage_code(stage, plugin_names(ctx.config)).files)
+        )
     path = store.artifact_path(step, stage.name)
     call = functools.partial(
         _call,
