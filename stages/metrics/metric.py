@@ -1,8 +1,8 @@
 """Metrics that carry their own aggregation, and the reduction of per-micro-batch metric lists.
 
 Workers return one value per micro-batch; the driver reduces each list to one number per step.
-A :class:`Metric` says how (mean, sum, min or max). Plain lists fall back to verl's key-substring
-rule, see :func:`reduce_metrics`.
+A :class:`Metric` (or a list of them, one per micro-batch) says how (mean, sum, min or max).
+Plain lists fall back to verl's key-substring rule, see :func:`reduce_metrics`.
 """
 
 from __future__ import annotations
@@ -167,21 +167,58 @@ def _fallback_reducer(key: str):
     return np.mean
 
 
-def reduce_metrics(metrics: dict[str, Metric | list]) -> dict[str, float]:
+def _combine_metrics(key: str, items: list) -> Metric:
+    """One Metric from a list holding Metric objects (one per micro-batch) and maybe numbers."""
+    aggregations = {item.aggregation for item in items if isinstance(item, Metric)}
+    if len(aggregations) > 1:
+        found = sorted(aggregation.value for aggregation in aggregations)
+        raise ValueError(
+            f"metric {key!r} holds Metric objects with different aggregations {found}; "
+            "one key needs one aggregation"
+        )
+    combined = Metric(aggregations.pop())
+    for item in items:  # a number is one more value of the Metrics' aggregation
+        combined.append(
+            item if isinstance(item, Metric) else to_scalar(item, f"metric {key!r} value")
+        )
+    if not combined.values:
+        raise ValueError(f"metric {key!r} holds {len(items)} Metric objects with no values")
+    return combined
+
+
+def reduce_metrics(metrics: dict[str, Metric | list | tuple | Numeric]) -> dict[str, float]:
     """One float per key: a Metric by its own aggregation, a plain list by the key's substrings.
 
-    The fallback for plain lists is verl's: np.max if the key contains the substring ``"max"``,
-    else np.min if it contains ``"min"``, else np.mean. It is a substring test, so
-    ``actor/perf/max_memory_allocated_gb`` is a max and ``admin/requests`` is a *min* ("admin"
-    contains "min"). Wrap a value in a Metric to choose its aggregation explicitly.
+    Each value may be:
 
-    Unlike verl, the input dict is not modified; a new dict is returned. A scalar value (not a
-    list) is taken as a one-element list.
+    - a :class:`Metric`: its ``aggregate()``;
+    - a list (or tuple) of Metric objects, as verl's ``append_to_dict`` builds one per
+      micro-batch: their values are combined into one Metric of their common aggregation, so
+      SUM partial losses (each already divided by the global token count) add up to the global
+      mean, MEAN is the mean of all values, MIN / MAX are over all values. Different aggregations
+      in one list raise ``ValueError``. Plain numbers in such a list are taken as values of the
+      Metrics' aggregation (as ``Metric.append`` takes them). This reduces one rank's
+      micro-batches; one Metric per DP rank goes through :meth:`Metric.aggregate_dp` instead;
+    - a plain list of numbers: verl's fallback, np.max if the key contains the substring
+      ``"max"``, else np.min if it contains ``"min"``, else np.mean. It is a substring test, so
+      ``actor/perf/max_memory_allocated_gb`` is a max and ``admin/requests`` is a *min* ("admin"
+      contains "min"). Wrap a value in a Metric to choose its aggregation explicitly;
+    - an empty list: NaN, verl's result (np.mean of an empty list), without numpy's warning;
+    - a scalar: taken as a one-element list.
+
+    An empty Metric (or a list of Metrics with no values at all) still raises ``ValueError``.
+    Unlike verl, the input dict is not modified; a new dict is returned.
 
     Example:
         >>> reduce_metrics({"loss": [1.0, 3.0], "max_len": [4, 9], "admin/x": [5, 2],
         ...                 "actor/pg_loss": Metric("sum", [0.5, 0.25])})
         {'loss': 2.0, 'max_len': 9.0, 'admin/x': 2.0, 'actor/pg_loss': 0.75}
+
+        Two micro-batches with token sums 3 and 5 over 8 global tokens, and an empty list:
+
+        >>> reduce_metrics({"actor/pg_loss": [Metric("sum", 3 / 8), Metric("sum", 5 / 8)],
+        ...                 "actor/kl_loss": []})
+        {'actor/pg_loss': 1.0, 'actor/kl_loss': nan}
     """
     reduced = {}
     for key, value in metrics.items():
@@ -190,7 +227,10 @@ def reduce_metrics(metrics: dict[str, Metric | list]) -> dict[str, float]:
             continue
         items = list(value) if isinstance(value, list | tuple) else [value]
         if not items:
-            raise ValueError(f"metric {key!r} has an empty list of values; nothing to reduce")
-        scalars = [to_scalar(item, f"metric {key!r} value") for item in items]
-        reduced[key] = float(_fallback_reducer(key)(scalars))
+            reduced[key] = float("nan")
+        elif any(isinstance(item, Metric) for item in items):
+            reduced[key] = _combine_metrics(key, items).aggregate()
+        else:
+            scalars = [to_scalar(item, f"metric {key!r} value") for item in items]
+            reduced[key] = float(_fallback_reducer(key)(scalars))
     return reduced

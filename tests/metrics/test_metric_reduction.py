@@ -1,6 +1,8 @@
-"""Metric, AggregationType, aggregate_dp and reduce_metrics' substring fallback."""
+"""Metric, AggregationType, aggregate_dp and reduce_metrics (Metrics, lists of Metrics, fallback)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -132,6 +134,63 @@ def test_reduce_metrics_leaves_its_input_alone_and_returns_floats():
     assert isinstance(metrics["loss"], list)
 
 
-def test_reduce_metrics_empty_list_names_the_key():
-    with pytest.raises(ValueError, match="'actor/kl_loss'"):
-        reduce_metrics({"actor/kl_loss": []})
+@pytest.mark.filterwarnings("error")  # no numpy "Mean of empty slice" RuntimeWarning
+@pytest.mark.parametrize("empty", [[], ()])
+def test_reduce_metrics_empty_list_is_nan_as_in_verl(empty):
+    reduced = reduce_metrics({"actor/kl_loss": empty, "critic/max_x": empty})
+    assert math.isnan(reduced["actor/kl_loss"]) and math.isnan(reduced["critic/max_x"])
+    assert type(reduced["actor/kl_loss"]) is float
+
+
+def test_reduce_metrics_sum_partials_per_micro_batch_add_up_to_the_global_mean():
+    # 8 global tokens, split 3 + 5 over two micro-batches; each token's loss is 1.0, so each
+    # micro-batch reports (its token sum) / 8 and the partials add up to the global mean 1.0
+    partials = [Metric("sum", 3.0 / 8), Metric("sum", 5.0 / 8)]
+    assert [metric.aggregate() for metric in partials] == [0.375, 0.625]
+    reduced = reduce_metrics({"actor/pg_loss": partials, "mean_like_name": tuple(partials)})
+    assert reduced == {"actor/pg_loss": 1.0, "mean_like_name": 1.0}  # the key name is ignored
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "expected"),
+    [
+        ("mean", 3.0),  # mean of all values [1, 2, 6], not of the per-Metric means (3.75)
+        ("sum", 9.0),
+        ("min", 1.0),
+        ("max", 6.0),
+    ],
+)
+def test_reduce_metrics_list_of_metrics_pools_all_values(aggregation, expected):
+    micro_batches = [Metric(aggregation, [1.0, 2.0]), Metric(aggregation, [6.0])]
+    assert reduce_metrics({"admin/x": micro_batches}) == {"admin/x": expected}
+    assert micro_batches[0].values == [1.0, 2.0]  # the input Metrics are left alone
+
+
+def test_reduce_metrics_list_of_metrics_with_mixed_aggregations_names_key_and_aggregations():
+    with pytest.raises(ValueError, match=r"'actor/pg_loss'.*\['max', 'sum'\]"):
+        reduce_metrics({"actor/pg_loss": [Metric("sum", 1.0), Metric("max", 2.0), 3.0]})
+
+
+def test_reduce_metrics_numbers_beside_metrics_are_values_of_their_aggregation():
+    mixed = [Metric("sum", 0.375), 0.5, torch.tensor(0.125)]
+    assert reduce_metrics({"max_named": mixed}) == {"max_named": 1.0}
+    with pytest.raises(TypeError, match=r"'actor/pg_loss'.*str"):
+        reduce_metrics({"actor/pg_loss": [Metric("sum", 1.0), "0.5"]})
+
+
+def test_reduce_metrics_list_of_empty_metrics_raises_naming_the_key():
+    with pytest.raises(ValueError, match=r"'actor/pg_loss' holds 2 Metric objects with no values"):
+        reduce_metrics({"actor/pg_loss": [Metric("sum"), Metric("sum")]})
+
+
+def test_dp_ranks_of_micro_batch_lists_go_through_aggregate_dp():
+    # rank 0: token sums 3 and 5 over 8 tokens → [0.375, 0.625] (its mean 1.0)
+    # rank 1: the same split with every token's loss 2.0 → [0.75, 1.25] (its mean 2.0)
+    per_rank = [
+        [Metric("sum", 0.375), Metric("sum", 0.625)],
+        [Metric("sum", 0.75), Metric("sum", 1.25)],
+    ]
+    assert [reduce_metrics({"loss": rank})["loss"] for rank in per_rank] == [1.0, 2.0]
+    combined = [Metric("sum", rank) for rank in per_rank]  # one Metric per rank: [dp=2, micro=2]
+    # aggregate_dp unchanged: mean over ranks [0.5625, 0.9375], then sum over micro-batches
+    assert Metric.aggregate_dp(combined) == 1.5
