@@ -3,9 +3,19 @@
 ``ctx.engines`` maps a role (``actor``, ``ref``, ``critic``) to a worker group
 (``stages.engines.worker_group.WorkerGroup``: ``call(method, batch, **kwargs) -> DataProto``), or
 to the run's in-process adapter with the same method. A worker reports metrics in the returned
-``meta_info["metrics"]`` (``Metric`` objects, lists or floats); :func:`call_engine` reduces them to
-floats (``reduce_metrics``: a Metric by its own aggregation, a list by verl's key rule, a number
-as it is) and returns them apart from the delta.
+``meta_info["metrics"]``; :func:`call_engine` reduces them to one float per key
+(``reduce_metrics``) and returns them apart from the delta. Per key the value may be:
+
+- a ``Metric``: its own declared aggregation (mean, sum, min or max);
+- a list of ``Metric`` objects (verl's ``append_to_dict``, one per micro-batch): pooled into one
+  Metric of their declared aggregation (they must share it, else ``ValueError`` naming the key);
+- a plain list of numbers: verl's key-substring rule (max if the key contains ``"max"``, else
+  min if it contains ``"min"``, else mean);
+- an empty list: NaN, as in verl;
+- a number: as it is.
+
+A worker group has already combined its ranks (``dispatch.combine_rank_metrics``, same kinds per
+rank), so its metrics arrive as floats.
 """
 
 from __future__ import annotations

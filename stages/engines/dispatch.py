@@ -9,10 +9,11 @@ Deliberate difference from verl (SPEC §5, difference 2): the duplicated rows tr
 a worker can leave them out of its per-sample metrics. The flag column is added here and removed
 again when the outputs are collected; the caller never sees it.
 
-Metrics: each rank may return ``meta_info["metrics"]``, a dict of :class:`Metric` (one value per
-micro-batch or optimizer step) or plain scalars. Per key, Metrics are combined with
-``Metric.aggregate_dp`` (SUM/MEAN: mean over ranks, then the metric's own reduction; MIN/MAX over
-all values) and scalars are averaged over ranks.
+Metrics: each rank may return ``meta_info["metrics"]`` with, per key, what ``reduce_metrics``
+accepts: a :class:`Metric`, a list of Metrics (verl's ``append_to_dict``, one per micro-batch), a
+plain list, an empty list or a scalar. Per key, each rank's Metrics pool into one Metric and the
+ranks combine with ``Metric.aggregate_dp`` (SUM/MEAN: mean over ranks, then the metric's own
+reduction; MIN/MAX over all values); see :func:`combine_rank_metrics` for the other kinds.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from dataproto import DataProto, keys, pad_dataproto_to_divisor, unpad_dataproto
-from stages.metrics.metric import Metric, to_scalar
+from stages.metrics.metric import Metric, pool_metrics, reduce_metrics, to_scalar
 
 METRICS_KEY = "metrics"
 
@@ -137,21 +138,33 @@ def collect_from_ranks(outputs: Sequence[DataProto], pad_size: int) -> DataProto
 def combine_rank_metrics(per_rank: Sequence[dict]) -> dict[str, float]:
     """One float per metric key from one metrics dict per rank.
 
-    Every rank must report the same keys. A key whose values are :class:`Metric` on every rank
-    → ``Metric.aggregate_dp``; scalars (int, float, 1-element tensor/array) on every rank → their
-    mean over ranks.
+    Every rank must report the same keys, and for a key every rank the same kind of value:
+
+    - a :class:`Metric` or a list of Metrics (one per micro-batch; numbers beside them are values
+      of their aggregation) on every rank → each rank's list pools into one Metric, as in
+      ``reduce_metrics``, and the ranks combine with ``Metric.aggregate_dp``: SUM / MEAN take the
+      mean over ranks, then sum / mean over micro-batches; MIN / MAX reduce over all values. The
+      ranks must share one aggregation and hold the same number of values (``ValueError``);
+    - a scalar (int, float, 1-element tensor/array) on every rank → the mean over ranks;
+    - plain lists of numbers (empty ones beside them add nothing) → the ranks' values
+      concatenated, then verl's key-substring rule (max / min / mean, see ``reduce_metrics``), as
+      verl concatenates the ranks' lists before reducing;
+    - an empty list on every rank → NaN, as ``reduce_metrics``.
+
+    Ranks that disagree in kind (Metrics beside plain values or empty lists, a scalar beside a
+    list) raise ``TypeError`` naming the key and each rank's kind.
 
     Example:
         >>> combine_rank_metrics([
-        ...     {"loss": Metric("sum", [1.0, 2.0]), "lr": 0.1},
-        ...     {"loss": Metric("sum", [3.0, 4.0]), "lr": 0.3},
+        ...     {"loss": Metric("sum", [1.0, 2.0]), "lr": 0.1, "kl": []},
+        ...     {"loss": [Metric("sum", 3.0), Metric("sum", 4.0)], "lr": 0.3, "kl": []},
         ... ])
-        {'loss': 5.0, 'lr': 0.2}
+        {'loss': 5.0, 'lr': 0.2, 'kl': nan}
     """
     for rank, metrics in enumerate(per_rank):
         if not isinstance(metrics, dict):
             raise TypeError(
-                f"rank {rank}: meta_info['metrics'] must be a dict of Metric or scalars, "
+                f"rank {rank}: meta_info['metrics'] must be a dict of Metric, lists or scalars, "
                 f"got {type(metrics).__name__}"
             )
     names = list(dict.fromkeys(name for metrics in per_rank for name in metrics))
@@ -163,15 +176,37 @@ def combine_rank_metrics(per_rank: Sequence[dict]) -> dict[str, float]:
                 f"metric {name!r} is missing on rank(s) {missing} of {len(per_rank)}; every rank "
                 "must report the same metric keys"
             )
-        values = [metrics[name] for metrics in per_rank]
-        is_metric = [isinstance(value, Metric) for value in values]
-        if all(is_metric):
-            combined[name] = Metric.aggregate_dp(values)
-        elif not any(is_metric):
-            combined[name] = float(np.mean([to_scalar(v, f"metric {name!r}") for v in values]))
-        else:
-            raise TypeError(
-                f"metric {name!r} is a Metric on some ranks and a plain value on others "
-                f"({[type(v).__name__ for v in values]}); report the same type on every rank"
-            )
+        combined[name] = _combine_key(name, [metrics[name] for metrics in per_rank])
     return combined
+
+
+def _value_kind(value: object) -> str:
+    """``"metric"``, ``"empty"``, ``"list"`` or ``"scalar"``: what one rank reported for a key."""
+    if isinstance(value, Metric):
+        return "metric"
+    if isinstance(value, list | tuple):
+        if not value:
+            return "empty"
+        return "metric" if any(isinstance(item, Metric) for item in value) else "list"
+    return "scalar"
+
+
+def _combine_key(name: str, values: list) -> float:
+    """One float from one rank's value per rank for metric ``name`` (rules: combine_rank_metrics)."""
+    kinds = [_value_kind(value) for value in values]
+    if set(kinds) == {"empty"}:
+        return float("nan")
+    if set(kinds) == {"metric"}:
+        pooled = [v if isinstance(v, Metric) else pool_metrics(name, list(v)) for v in values]
+        try:
+            return Metric.aggregate_dp(pooled)
+        except ValueError as error:
+            raise ValueError(f"metric {name!r}: {error}") from error
+    if set(kinds) == {"scalar"}:
+        return float(np.mean([to_scalar(v, f"metric {name!r}") for v in values]))
+    if set(kinds) <= {"list", "empty"}:
+        return reduce_metrics({name: [item for value in values for item in value]})[name]
+    raise TypeError(
+        f"metric {name!r} has different kinds of value across ranks ({kinds}, rank order); "
+        "report the same kind on every rank: Metric or list of Metrics, a scalar, or a plain list"
+    )

@@ -167,8 +167,12 @@ def _fallback_reducer(key: str):
     return np.mean
 
 
-def _combine_metrics(key: str, items: list) -> Metric:
-    """One Metric from a list holding Metric objects (one per micro-batch) and maybe numbers."""
+def pool_metrics(key: str, items: list) -> Metric:
+    """One Metric of the common aggregation of ``items``, a list of Metrics (one per micro-batch).
+
+    ``items`` holds at least one Metric; numbers beside them are values of that aggregation.
+    Different aggregations, or no values at all, raise ``ValueError`` naming ``key``.
+    """
     aggregations = {item.aggregation for item in items if isinstance(item, Metric)}
     if len(aggregations) > 1:
         found = sorted(aggregation.value for aggregation in aggregations)
@@ -229,7 +233,7 @@ def reduce_metrics(metrics: dict[str, Metric | list | tuple | Numeric]) -> dict[
         if not items:
             reduced[key] = float("nan")
         elif any(isinstance(item, Metric) for item in items):
-            reduced[key] = _combine_metrics(key, items).aggregate()
+            reduced[key] = pool_metrics(key, items).aggregate()
         else:
             scalars = [to_scalar(item, f"metric {key!r} value") for item in items]
             reduced[key] = float(_fallback_reducer(key)(scalars))

@@ -2,7 +2,9 @@
 
 Padding duplicates rows cycling from row 0 and flags exactly those rows ``is_pad``; collecting
 cuts them and the flag column off again, so split → identity → collect is the identity. Metrics
-from ranks combine with Metric.aggregate_dp (SUM/MEAN: mean over ranks first) or a plain mean.
+from ranks (a Metric or a list of Metrics per rank) combine with Metric.aggregate_dp (SUM/MEAN:
+mean over ranks first); scalars by their mean, plain lists concatenated by verl's key rule, empty
+lists as NaN; ranks that disagree in kind raise.
 """
 
 from __future__ import annotations
@@ -126,8 +128,80 @@ def test_metrics_combine_by_their_aggregation():
 def test_metrics_must_agree_across_ranks():
     with pytest.raises(ValueError, match=r"'lr' is missing on rank\(s\) \[1\]"):
         combine_rank_metrics([{"lr": 0.1}, {}])
-    with pytest.raises(TypeError, match="'loss' is a Metric on some ranks"):
+    with pytest.raises(TypeError, match=r"'loss' has different kinds.*\['metric', 'scalar'\]"):
         combine_rank_metrics([{"loss": Metric("sum", [1.0])}, {"loss": 1.0}])
+
+
+def test_rank_lists_of_sum_metrics_give_the_global_token_mean():
+    # 2 ranks × 2 micro-batches of 2 tokens: token-loss sums [1, 3] and [2, 6], 8 tokens in all,
+    # global token-mean 12 / 8 = 1.5. Each partial is sum × dp / global tokens = sum / 4, so the
+    # gradient all-reduce (a mean over ranks) sees the global mean.
+    per_rank = [
+        {"actor/pg_loss": [Metric("sum", 1 / 4), Metric("sum", 3 / 4)]},
+        {"actor/pg_loss": [Metric("sum", 2 / 4), Metric("sum", 6 / 4)]},
+    ]
+    # mean over ranks [0.375, 1.125], then sum
+    assert combine_rank_metrics(per_rank) == {"actor/pg_loss": pytest.approx(1.5)}
+
+
+def test_rank_lists_of_max_and_min_metrics_reduce_over_all_values():
+    per_rank = [
+        {"max_len": [Metric("max", 4), Metric("max", 9)], "min_len": [Metric("min", [4, 3])]},
+        {"max_len": [Metric("max", 5), Metric("max", 2)], "min_len": [Metric("min", [1, 8])]},
+    ]
+    assert combine_rank_metrics(per_rank) == {"max_len": 9.0, "min_len": 1.0}
+
+
+def test_a_list_of_metrics_and_a_bare_metric_combine_alike():
+    bare = combine_rank_metrics([{"x": Metric("mean", [1.0, 3.0])}, {"x": Metric("mean", [5, 7])}])
+    listed = combine_rank_metrics(
+        [{"x": [Metric("mean", 1.0), 3.0]}, {"x": Metric("mean", [5, 7])}]
+    )
+    assert bare == listed == {"x": pytest.approx(4.0)}
+
+
+def test_empty_lists_on_every_rank_give_nan():
+    combined = combine_rank_metrics([{"actor/kl_loss": []}, {"actor/kl_loss": ()}])
+    assert list(combined) == ["actor/kl_loss"] and np.isnan(combined["actor/kl_loss"])
+
+
+def test_plain_lists_concatenate_over_ranks_then_follow_the_key_rule():
+    combined = combine_rank_metrics(
+        [
+            {"response_length/max": [4, 9], "entropy": [1.0, 2.0]},
+            {"response_length/max": [12], "entropy": []},
+            {"response_length/max": [], "entropy": [6.0]},
+        ]
+    )
+    # entropy: mean of the concatenation [1, 2, 6], not the mean of the rank means
+    assert combined == {"response_length/max": 12.0, "entropy": pytest.approx(3.0)}
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "kinds"),
+    [
+        ([Metric("sum", 1.0)], [1.0], "['metric', 'list']"),
+        (Metric("sum", [1.0]), [], "['metric', 'empty']"),
+        (2.0, [1.0, 3.0], "['scalar', 'list']"),
+        ([], 2.0, "['empty', 'scalar']"),
+    ],
+)
+def test_ranks_that_disagree_in_kind_name_the_key_and_kinds(first, second, kinds):
+    with pytest.raises(TypeError) as raised:
+        combine_rank_metrics([{"actor/pg_loss": first}, {"actor/pg_loss": second}])
+    assert "'actor/pg_loss' has different kinds" in str(raised.value)
+    assert kinds in str(raised.value)
+
+
+def test_metric_aggregations_and_counts_must_agree_naming_the_key():
+    with pytest.raises(ValueError, match=r"'loss' holds Metric objects with .*\['max', 'sum'\]"):
+        combine_rank_metrics(
+            [{"loss": [Metric("sum", 1.0), Metric("max", 2.0)]}, {"loss": [Metric("sum", 1.0)]}]
+        )
+    with pytest.raises(ValueError, match=r"metric 'loss': aggregate_dp needs one aggregation"):
+        combine_rank_metrics([{"loss": [Metric("sum", 1.0)]}, {"loss": [Metric("mean", 1.0)]}])
+    with pytest.raises(ValueError, match=r"metric 'loss': .*same non-zero number.*\[2, 1\]"):
+        combine_rank_metrics([{"loss": Metric("sum", [1, 2])}, {"loss": [Metric("sum", 3)]}])
 
 
 def test_collect_combines_metrics_and_keeps_other_meta_info():
@@ -142,6 +216,19 @@ def test_collect_combines_metrics_and_keeps_other_meta_info():
     assert collected.batch["y"].tolist() == [0, 0, 1]
     assert collected.meta_info == {"temperature": 0.7, "metrics": {"loss": 0.5}}
     assert outputs[0].meta_info["metrics"]["loss"].values == [0.0]  # inputs untouched
+
+
+def test_collect_combines_per_micro_batch_metric_lists():
+    outputs = [
+        DataProto(
+            batch=None,
+            non_tensor_batch={},
+            meta_info={"metrics": {"loss": [Metric("sum", r), Metric("sum", r + 1.0)], "kl": []}},
+        )
+        for r in (0.0, 2.0)
+    ]
+    metrics = collect_from_ranks(outputs, pad_size=0).meta_info["metrics"]
+    assert metrics["loss"] == pytest.approx(1.0 + 2.0) and np.isnan(metrics["kl"])
 
 
 def test_collect_rowless_outputs_gives_only_metrics():
