@@ -3,18 +3,48 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
 
 from stages.config import (
     ConfigError,
+    ConfigNotice,
     ConfigWarning,
     PPORunConfig,
     dump_config,
+    explain_verl_keys,
     load_config,
     render_default_yaml,
 )
+
+#: how config messages are led on stderr
+MESSAGE_PREFIX = {ConfigNotice: "note", ConfigWarning: "warning"}
+
+
+@contextmanager
+def config_messages() -> Iterator[None]:
+    """Print config notices and warnings as ``note: …`` / ``warning: …`` lines on stderr (each
+    once), instead of Python's ``file:line: Category: …`` form; other warnings are untouched."""
+    shown = warnings.showwarning
+    seen: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        prefix = next((p for c, p in MESSAGE_PREFIX.items() if issubclass(category, c)), None)
+        if prefix is None:
+            shown(message, category, filename, lineno, file, line)
+        elif str(message) not in seen:
+            seen.add(str(message))
+            typer.echo(f"{prefix}: {message}", err=True)
+
+    with warnings.catch_warnings():
+        for category in MESSAGE_PREFIX:
+            warnings.simplefilter("always", category)
+        warnings.showwarning = show
+        yield
+
 
 config_app = typer.Typer(
     name="config",
@@ -41,17 +71,45 @@ def show(
     ] = None,
 ) -> None:
     """Print the resolved config as YAML, with the derived flags and sizes as comments."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConfigWarning)
+    with config_messages():
         try:
             cfg = load_config(config, overrides or None)
         except ConfigError as err:
             typer.echo(str(err), err=True)
             raise typer.Exit(code=2) from None
-    for warning in caught:
-        typer.echo(f"warning: {warning.message}", err=True)
     typer.echo(render_derived_comment(cfg), nl=False)
     typer.echo(dump_config(cfg), nl=False)
+
+
+@config_app.command("verl-keys")
+def verl_keys(
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="key.path=value overrides (Hydra's grammar)")
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option("--config", "-c", help="Config file (e.g. a verl trainer YAML), or a name"),
+    ] = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Also list the keys that are ppoflow's own")
+    ] = False,
+) -> None:
+    """List what became of each verl key of a config: mapped, no effect, dropped or refused."""
+    try:
+        rows = explain_verl_keys(config, overrides or None)
+    except ConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    shown = [row for row in rows if show_all or row["fate"] != "ppoflow key"]
+    width = max((len(row["key"]) for row in shown), default=0)
+    for row in shown:
+        detail = f"→ {row['target']}" if row["target"] and row["target"] != row["key"] else ""
+        detail = "; ".join(part for part in (detail, row["why"]) if part)
+        typer.echo(f"{row['fate']:<22} {row['key']:<{width}}  {detail}".rstrip())
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["fate"]] = counts.get(row["fate"], 0) + 1
+    typer.echo(", ".join(f"{count} {fate}" for fate, count in counts.items()))
 
 
 @config_app.command("defaults")
@@ -76,4 +134,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(config_app, name="config")
 
 
-__all__ = ["config_app", "register", "render_derived_comment"]
+__all__ = ["config_app", "config_messages", "register", "render_derived_comment"]

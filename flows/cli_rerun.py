@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_train import VerboseOption, fail_in_one_line, quiet_prefect
+from flows.cli_train import VerboseOption, config_messages, fail_in_one_line, quiet_prefect
 from flows.rerun import STAGE_NAMES, RerunResult, format_diff
 from stages.config import ConfigError
 
@@ -54,7 +54,7 @@ def rerun_command(
     printed is the new run directory."""
     from flows.rerun import rerun
 
-    with quiet_prefect(verbose):
+    with quiet_prefect(verbose), config_messages():
         try:
             result = rerun(
                 run_dir, step, from_stage, to_stage, overrides or [], new_run_dir, refresh

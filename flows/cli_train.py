@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from flows.cli_config import config_messages
 from stages.config import ConfigError
 
 QUIET_LOGGERS = {
@@ -58,6 +59,13 @@ def fail_in_one_line(
     otherwise); re-raise if verbose."""
     if verbose:
         raise err
+    if isinstance(err, ConfigError):  # every problem found in the one pass, one line each
+        one = len(err.problems) == 1
+        typer.echo(
+            f"error: invalid config ({err.source}): {err.problems[0]}" if one else f"error: {err}",
+            err=True,
+        )
+        return typer.Exit(code=2)
     typer.echo(f"error: {type(err).__name__}: {' '.join(str(err).split())}", err=True)
     return typer.Exit(code=2 if isinstance(err, usage_errors) else 1)
 
@@ -83,7 +91,7 @@ def train_command(
     """Train with PPO-family RL; the last line printed is the run directory."""
     from flows.train import resolve_config, train
 
-    with quiet_prefect(verbose):
+    with quiet_prefect(verbose), config_messages():
         try:
             cfg = resolve_config(config, overrides or [])  # a bad config fails before Prefect
             result = train(cfg, [], run_dir)

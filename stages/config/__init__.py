@@ -18,6 +18,7 @@ from stages.config.loading import (
     apply_overrides,
     deep_merge,
     dump_config,
+    explain_verl_keys,
     load_config,
     parse_override,
     read_config_tree,
@@ -25,7 +26,7 @@ from stages.config.loading import (
     validate_config,
 )
 from stages.config.render import render_default_yaml
-from stages.config.root import ConfigWarning, PPORunConfig
+from stages.config.root import ConfigNotice, ConfigWarning, PPORunConfig
 from stages.config.schema_actor import (
     ActorConfig,
     ActorRolloutRefConfig,
@@ -56,6 +57,7 @@ __all__ = [
     "ActorRolloutRefConfig",
     "AlgorithmConfig",
     "ConfigError",
+    "ConfigNotice",
     "ConfigWarning",
     "CriticConfig",
     "CriticModelConfig",
@@ -80,6 +82,7 @@ __all__ = [
     "apply_overrides",
     "deep_merge",
     "dump_config",
+    "explain_verl_keys",
     "load_config",
     "parse_override",
     "read_config_tree",

@@ -1,34 +1,44 @@
-"""Load a run config: YAML file (with ``base:`` includes) < dict params < ``key=value`` overrides.
+"""Load a run config as verl does: YAML layers < dict params < overrides, then ``${…}``, then verl keys.
 
 * ``load_config(None)`` is the pydantic defaults alone (what ``configs/ppo_trainer.yaml`` shows).
 * A YAML file may start with ``base: other.yaml`` (relative to the file): the other file is loaded
   first and this one is deep-merged over it (mappings merge key by key; lists and values replace).
-* ``params`` (e.g. Prefect deployment parameters) may be nested dicts, dotted keys, or both.
-* ``overrides`` are ``a.b.c=value`` strings; the value is parsed as YAML (``true``, ``1e-6``,
-  ``[a, b]``, ``null``); the key path must exist in the schema.
+  Each file of the chain is one config layer.
+* ``params`` (e.g. Prefect deployment parameters) may be nested dicts, dotted keys, or both: one
+  layer after the files.
+* ``overrides`` are command-line strings in Hydra's grammar (``key=value``, ``+key=value``,
+  ``++key=value``, ``~key``; :mod:`stages.config.overrides`): the last layer.
+* Then, on the merged tree: ``${…}`` interpolations are resolved by OmegaConf
+  (:mod:`stages.config.interpolation`), verl's keys are mapped to ppoflow's or refused
+  (:mod:`stages.config.verl_keys`; between two spellings of one key the later layer wins), and the
+  result is validated.
 
-Every failure is a :class:`ConfigError` listing each problem with its dotted key.
+Every failure is one :class:`ConfigError` listing every problem found in that one pass: override
+syntax, interpolations, verl features, unknown keys, bad values and cross-field rules. Notices
+(verl keys read as ppoflow keys, settings with no effect) are :class:`ConfigNotice` warnings.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from stages.config.aliases import LEGACY_KEYS, WORKER_BACKEND_ALIAS
-from stages.config.errors import ConfigError, format_validation_error, nested_model, suggest
-from stages.config.root import PPORunConfig
+from stages.config.errors import ConfigError, dotted, format_validation_error
+from stages.config.interpolation import iter_leaves, missing_values, resolve_interpolations
+from stages.config.overrides import Override, parse_one, parse_overrides
+from stages.config.root import CROSS_FIELD_ERROR, ConfigNotice, PPORunConfig
+from stages.config.verl_keys import translate_verl_keys
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "configs"
 BASE_KEY = "base"
-KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 class _Loader(yaml.SafeLoader):
@@ -80,8 +90,11 @@ def resolve_config_path(name: str | Path) -> Path:
     )
 
 
-def read_config_tree(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The mapping in a YAML config file with its ``base:`` chain merged underneath it."""
+Layer = tuple[str, dict[str, Any]]  # (name for messages, tree)
+
+
+def read_config_layers(path: str | Path, _chain: tuple[Path, ...] = ()) -> list[Layer]:
+    """The ``base:`` chain of a YAML config file as layers, the deepest base first."""
     path = resolve_config_path(path).resolve()
     if path in _chain:
         cycle = " -> ".join(str(p) for p in (*_chain, path))
@@ -93,14 +106,22 @@ def read_config_tree(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[st
         raise ConfigError([f"{path}: top level must be a mapping of keys, got {tree!r}"], str(path))
     base = tree.pop(BASE_KEY, None)
     if base is None:
-        return tree
+        return [(str(path), tree)]
     if not isinstance(base, str):
         raise ConfigError([f"{path}: base: expected a file name, got {base!r}"], str(path))
     base_path = Path(base).expanduser()
     base_path = base_path if base_path.is_absolute() else path.parent / base_path
     if not base_path.is_file():
         raise ConfigError([f"{path}: base: file not found: {base_path}"], str(path))
-    return deep_merge(read_config_tree(base_path, (*_chain, path)), tree)
+    return [*read_config_layers(base_path, (*_chain, path)), (str(path), tree)]
+
+
+def read_config_tree(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML config file with its ``base:`` chain merged underneath it."""
+    merged: dict[str, Any] = {}
+    for _, tree in read_config_layers(path):
+        merged = deep_merge(merged, tree)
+    return merged
 
 
 def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,57 +140,18 @@ def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, 
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``'a.b.c=value'`` -> ``('a.b.c', value)`` with the value parsed as YAML.
+    """``'a.b.c=value'`` -> ``('a.b.c', value)``, the value read by Hydra's override grammar.
 
     >>> parse_override("actor_rollout_ref.actor.optim.lr=1e-6")
     ('actor_rollout_ref.actor.optim.lr', 1e-06)
-    >>> parse_override("trainer.logger=[console]")
-    ('trainer.logger', ['console'])
+    >>> parse_override("trainer.logger=['console','wandb']")
+    ('trainer.logger', ['console', 'wandb'])
     """
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if key[:1] in ("+", "~"):
-        raise ConfigError(
-            [f"override {text!r}: the '{key[0]}' prefix is not supported; every key already "
-             "exists in the schema, so write key=value"],
-            "overrides",
-        )  # fmt: skip
-    if not sep or not KEY_PATTERN.fullmatch(key):
-        raise ConfigError(
-            [f"override {text!r}: expected key.path=value (e.g. trainer.total_epochs=2)"],
-            "overrides",
-        )
-    if not raw.strip():
-        raise ConfigError(
-            [
-                f"override {text!r}: empty value; write {key}=null for null or {key}='' for an empty string"
-            ],
-            "overrides",
-        )
     try:
-        return key, parse_yaml(raw, f"override {text!r}")
-    except ConfigError as err:
-        raise ConfigError(err.problems, "overrides") from None
-
-
-def check_key_path(
-    key: str, where: str, source: str = "overrides", root: type[BaseModel] = PPORunConfig
-) -> None:
-    """Raise ConfigError unless ``key`` names a field of the schema (or a legacy alias)."""
-    if key in LEGACY_KEYS or key == WORKER_BACKEND_ALIAS[0]:
-        return
-    parts, model = key.split("."), root
-    for depth, part in enumerate(parts):
-        prefix = ".".join(parts[: depth + 1])
-        if model is None:
-            parent = ".".join(parts[:depth])
-            raise ConfigError(
-                [f"{where}: {parent} is a value, not a section; cannot set {prefix}"], source
-            )
-        if part not in model.model_fields:
-            hint = suggest(part, list(model.model_fields))
-            raise ConfigError([f"{where}: {prefix}: unknown key{hint}"], source)
-        model = nested_model(model.model_fields[part].annotation)
+        override = parse_one(text)
+    except ValueError as err:
+        raise ConfigError([str(err)], "overrides") from None
+    return override.key, override.value
 
 
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -193,32 +175,153 @@ def params_tree(params: Mapping[str, Any]) -> dict[str, Any]:
     return tree
 
 
+class Composed:
+    """Layers merged in order, with the index of the layer that last set each leaf (``origin``)."""
+
+    def __init__(self) -> None:
+        self.tree: dict[str, Any] = {}
+        self.origin: dict[str, int] = {}
+        self.names: dict[int, str] = {}
+        self.problems: list[str] = []
+
+    def add(self, name: str, tree: Mapping[str, Any]) -> None:
+        """Merge one layer (a file, the params) over the layers before it."""
+        index = len(self.names)
+        self.names[index] = name
+        self._merge(tree, index)
+
+    def add_overrides(self, overrides: Sequence[Override]) -> None:
+        """Apply command-line overrides in order, as one layer."""
+        index = len(self.names)
+        self.names[index] = "the command-line overrides"
+        for override in overrides:
+            if override.delete:
+                self._delete(override)
+            else:
+                self._merge(params_tree({override.key: override.value}), index)
+
+    def _merge(self, tree: Mapping[str, Any], index: int) -> None:
+        self.tree = deep_merge(self.tree, tree)
+        for key, _ in iter_leaves(tree):
+            self.origin[key] = index
+
+    def _delete(self, override: Override) -> None:
+        *parents, leaf = override.key.split(".")
+        node: Any = self.tree
+        for part in parents:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if not isinstance(node, dict) or leaf not in node:
+            self.problems.append(
+                f"override {override.text!r}: {override.key} is not set in the config, so there "
+                "is nothing to delete (its default applies already)"
+            )
+            return
+        if override.delete_if_value and node[leaf] != override.value:
+            self.problems.append(
+                f"override {override.text!r}: {override.key} is {node[leaf]!r}, not "
+                f"{override.value!r}; nothing deleted"
+            )
+            return
+        del node[leaf]
+        prefix = override.key + "."
+        self.origin = {
+            k: v for k, v in self.origin.items() if k != override.key and not k.startswith(prefix)
+        }
+
+
 def validate_config(data: Mapping[str, Any], source: str = "dict") -> PPORunConfig:
-    """Validate a nested mapping; any problem -> one ConfigError listing all of them."""
-    try:
-        return PPORunConfig.model_validate(dict(data))
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err, PPORunConfig), source) from None
-
-
-def merge_overrides(
-    tree: Mapping[str, Any],
-    overrides: Sequence[str] | None = None,
-    params: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """``tree`` with ``params`` then ``overrides`` applied (both checked against the schema)."""
-    merged, problems = deep_merge(tree, params_tree(params or {})), []
-    for text in overrides or ():
-        try:
-            key, value = parse_override(text)
-            check_key_path(key, f"override {text!r}", "overrides")
-        except ConfigError as err:
-            problems.extend(err.problems)
-            continue
-        merged = deep_merge(merged, params_tree({key: value}))  # a mapping value merges
+    """Validate a nested mapping in ppoflow's keys; any problem -> one ConfigError listing all."""
+    cfg, problems = _validate_collecting(data)
     if problems:
-        raise ConfigError(problems, "overrides")
-    return merged
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def build_config(composed: Composed, source: str, loud_from: int) -> PPORunConfig:
+    """Resolve interpolations, translate verl keys and validate; every problem in one error.
+
+    ``loud_from``: the first layer that is the user's own command line / params (their mapped
+    verl keys get a notice line each).
+    """
+    problems = list(composed.problems)
+    resolved, found, _ = resolve_interpolations(composed.tree)
+    problems += found
+    translated = translate_verl_keys(resolved, composed.origin, loud_from, composed.names)
+    problems += translated.problems + missing_values(translated.tree)
+    for notice in translated.notices:
+        warnings.warn(notice, ConfigNotice, stacklevel=3)
+    if translated.quiet:
+        more = " more" if translated.notices else ""
+        warnings.warn(
+            f"{translated.quiet}{more} verl keys hold verl 0.9.1's defaults and were read or "
+            "dropped without a line each (`ppoflow config verl-keys` lists every key's fate)",
+            ConfigNotice,
+            stacklevel=3,
+        )
+    cfg, invalid = _validate_collecting(translated.tree)
+    problems += invalid
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def _validate_collecting(data: Mapping[str, Any]) -> tuple[PPORunConfig | None, list[str]]:
+    """(config, []) or (None, every problem): field problems, then the cross-field rules of the
+    config with the bad fields left at their defaults (rules naming a bad field are skipped)."""
+    try:
+        return PPORunConfig.model_validate(dict(data)), []
+    except ValidationError as err:
+        problems = format_validation_error(err, PPORunConfig)
+        bad = [e["loc"] for e in err.errors(include_url=False) if e["type"] != CROSS_FIELD_ERROR]
+    if not bad:
+        return None, problems
+    repaired = copy.deepcopy(dict(data))
+    removed = {_remove_loc(repaired, loc) for loc in bad}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            PPORunConfig.model_validate(repaired)
+    except ValidationError as err:
+        for item in err.errors(include_url=False):
+            if item["type"] == CROSS_FIELD_ERROR:
+                lines = item["ctx"]["problems"].splitlines()
+                problems += [p for p in lines if not any(r and r in p for r in removed)]
+    return None, problems
+
+
+def _remove_loc(tree: dict[str, Any], loc: Sequence[str | int]) -> str:
+    """Delete the key at a pydantic error location (a list item removes the whole list);
+    returns the dotted key removed ('' when nothing was there)."""
+    path = []
+    for part in loc:
+        if isinstance(part, int):
+            break
+        path.append(part)
+    node: Any = tree
+    for part in path[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not path or not isinstance(node, dict) or path[-1] not in node:
+        return ""
+    del node[path[-1]]
+    return dotted(path)
+
+
+def explain_verl_keys(
+    path: str | Path | None = None, overrides: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """What became of each key of a config (``stages.config.verl_keys.Translation.report``):
+    key, value, fate, the ppoflow key it became, why. Raises ConfigError only for a config that
+    cannot be read or merged (bad YAML, bad override syntax)."""
+    composed = Composed()
+    for name, tree in read_config_layers(path) if path is not None else ():
+        composed.add(name, tree)
+    loud_from = len(composed.names)
+    parsed, bad = parse_overrides(list(overrides or ()))
+    composed.add_overrides(parsed)
+    if bad or composed.problems:
+        raise ConfigError([*bad, *composed.problems], "overrides")
+    resolved, _, _ = resolve_interpolations(composed.tree)
+    return translate_verl_keys(resolved, composed.origin, loud_from, composed.names).report
 
 
 def load_config(
@@ -226,18 +329,16 @@ def load_config(
     overrides: Sequence[str] | None = None,
     params: Mapping[str, Any] | None = None,
 ) -> PPORunConfig:
-    """Load, merge and validate a run config (see the module docstring for the order)."""
+    """Load, merge, resolve, translate and validate a run config (see the module docstring)."""
     if isinstance(overrides, str):
         raise TypeError(
             f"overrides must be a list of 'key=value' strings, got the string {overrides!r}"
         )
-    tree = read_config_tree(path) if path is not None else {}
+    composed = Composed()
+    for name, tree in read_config_layers(path) if path is not None else ():
+        composed.add(name, tree)
     source = str(path) if path is not None else "defaults"
-    if params:
-        source += f" + {len(params)} param" + "s" * (len(params) > 1)
-    if overrides:
-        source += f" + {len(overrides)} override" + "s" * (len(overrides) > 1)
-    return validate_config(merge_overrides(tree, overrides, params), source)
+    return _add_user_layers(composed, source, overrides, params)
 
 
 def apply_overrides(
@@ -248,7 +349,27 @@ def apply_overrides(
     """A re-validated copy of ``cfg`` with more overrides; inherited keys are re-resolved
     from ``cfg``'s explicit settings (``cfg.source``), e.g. the critic follows a new actor
     mini-batch size unless the critic's was set explicitly."""
-    return validate_config(merge_overrides(cfg.source, overrides, params), "config + overrides")
+    composed = Composed()
+    composed.add("the config", cfg.source)
+    return _add_user_layers(composed, "config", overrides, params)
+
+
+def _add_user_layers(
+    composed: Composed,
+    source: str,
+    overrides: Sequence[str] | None,
+    params: Mapping[str, Any] | None,
+) -> PPORunConfig:
+    loud_from = len(composed.names)
+    if params:
+        composed.add("the params", params_tree(params))
+        source += f" + {len(params)} param" + "s" * (len(params) > 1)
+    parsed, bad = parse_overrides(list(overrides or ()))
+    composed.problems += bad
+    composed.add_overrides(parsed)
+    if overrides:
+        source += f" + {len(overrides)} override" + "s" * (len(overrides) > 1)
+    return build_config(composed, source, loud_from)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -1,6 +1,6 @@
 """``PPORunConfig``: the whole run config, composed of one model per area.
 
-Validation order: legacy aliases are moved (``aliases``), the ``ppoflow.plugins`` modules are
+Validation order: verl's keys are read as ppoflow's (``verl_keys``), the ``ppoflow.plugins`` modules are
 imported (so the names they register pass the registry checks), every area validates its own fields,
 then the "null = inherit" fields are filled (``derived.fill_inherited``) and the cross-field rules
 run on the filled config (``checks``). Derived flags and sizes are read from ``cfg.derived``.
@@ -20,7 +20,6 @@ from pydantic import Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
 from stages.config._base import ConfigModel
-from stages.config.aliases import move_legacy_keys
 from stages.config.checks import cross_field_problems, cross_field_warnings
 from stages.config.derived import DerivedConfig, compute_derived, fill_inherited
 from stages.config.schema_actor import ActorRolloutRefConfig
@@ -29,6 +28,7 @@ from stages.config.schema_critic import CriticConfig
 from stages.config.schema_data import DataConfig
 from stages.config.schema_reward import RewardConfig
 from stages.config.schema_trainer import PPOFlowConfig, TrainerConfig
+from stages.config.verl_keys import translate_verl_keys
 from stages.plugins import import_plugins
 
 CROSS_FIELD_ERROR = "cross_field"
@@ -36,6 +36,10 @@ CROSS_FIELD_ERROR = "cross_field"
 
 class ConfigWarning(UserWarning):
     """A legal config setting that is probably a mistake (e.g. GRPO with rollout.n = 1)."""
+
+
+class ConfigNotice(UserWarning):
+    """How a verl setting was read: a verl key mapped to ppoflow's, or one with no effect."""
 
 
 class PPORunConfig(ConfigModel):
@@ -67,11 +71,11 @@ class PPORunConfig(ConfigModel):
     @model_validator(mode="wrap")
     @classmethod
     def _resolve_and_check(cls, data: Any, handler: Any) -> PPORunConfig:
-        """Move aliases, import ``ppoflow.plugins``, validate fields, fill inherited keys, then run
-        the cross-field rules."""
+        """Read verl keys as ppoflow's, import ``ppoflow.plugins``, validate fields, fill inherited
+        keys, then run the cross-field rules."""
         if isinstance(data, PPORunConfig):
             return data
-        data = move_legacy_keys(data)
+        data = _translate(data)
         _import_plugins(_raw_plugins(data))  # before the fields: their registry names are valid
         cfg = handler(data)  # `self` when called from __init__, so it is completed in place:
         # the filled sections are fresh copies and `cfg` is new, so no shared default is touched.
@@ -130,6 +134,21 @@ class PPORunConfig(ConfigModel):
         if self.trainer.total_training_steps is not None:
             return self.trainer.total_training_steps
         return self.steps_per_epoch(train_dataset_len) * self.trainer.total_epochs
+
+
+def _translate(data: Any) -> Any:
+    """``data`` in ppoflow's keys (a no-op for a tree :func:`stages.config.load_config` already
+    translated); a verl feature ppoflow lacks is a config problem, a mapped key a notice."""
+    if not isinstance(data, Mapping):
+        return data
+    translated = translate_verl_keys(data)
+    if translated.problems:
+        raise PydanticCustomError(
+            CROSS_FIELD_ERROR, "{problems}", {"problems": "\n".join(translated.problems)}
+        )
+    for notice in translated.notices:
+        warnings.warn(notice, ConfigNotice, stacklevel=4)
+    return translated.tree
 
 
 def _raw_plugins(data: Any) -> Any:

@@ -14,11 +14,13 @@ from stages.config import CONFIGS_DIR, CriticConfig, PPORunConfig, load_config, 
 from stages.config.errors import nested_model
 
 MODULES = [
-    "stages.config.aliases",
     "stages.config.errors",
+    "stages.config.interpolation",
     "stages.config.loading",
     "stages.config.root",
+    "stages.config.overrides",
     "stages.config.schema_actor",
+    "stages.config.verl_keys",
 ]
 
 # dotted key -> verl 0.9.1 default (reference/verl-0.9.1-behavior.md §6)

@@ -33,7 +33,7 @@ def test_override_values_are_typed_by_yaml() -> None:
             "trainer.total_training_steps=7",
             "critic.enable=null",
             "data.train_files=a.parquet",
-            "actor_rollout_ref.model.path=~/models/x=y",
+            "actor_rollout_ref.model.path='~/models/x=y'",  # Hydra: quote ~ and =
             "trainer.experiment_name=2024",
         ],
     )
@@ -45,7 +45,7 @@ def test_override_values_are_typed_by_yaml() -> None:
     assert cfg.trainer.total_training_steps == 7
     assert cfg.critic.enable is None and cfg.derived.use_critic is True
     assert cfg.data.train_files == ["a.parquet"]
-    assert cfg.actor_rollout_ref.model.path == "~/models/x=y"  # split at the first '='
+    assert cfg.actor_rollout_ref.model.path == "~/models/x=y"
     assert cfg.trainer.experiment_name == "2024"  # a number given to a string key stays text
 
 
@@ -206,7 +206,7 @@ def test_legacy_top_level_reward_blocks_are_aliases() -> None:
 
 
 def test_legacy_alias_conflict_is_an_error() -> None:
-    with pytest.raises(ConfigError, match=r"conflicts with reward\.custom_reward_function\.name"):
+    with pytest.raises(ConfigError, match=r"set the same ppoflow key reward\.custom_reward_function\.name in the command-line overrides"):
         load_config(None, ["reward.custom_reward_function.name=a", "custom_reward_function.name=b"])
 
 

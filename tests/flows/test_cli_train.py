@@ -34,7 +34,7 @@ def test_bad_override_exits_2_with_one_line_error(tmp_path):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert (
         len(lines) == 1
-        and lines[0].startswith("error: ConfigError")
+        and lines[0].startswith("error: invalid config (demo-cpu + 1 override): ")
         and "adv_estimator" in lines[0]
     )
 
