@@ -21,8 +21,14 @@ from typing import Any
 MISSING = "???"
 
 
-def resolve_interpolations(tree: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], set[str]]:
+def resolve_interpolations(
+    tree: Mapping[str, Any], background: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], list[str], set[str]]:
     """(resolved tree, problems, keys removed because they failed).
+
+    ``background``: values an interpolation may name that ``tree`` does not set (ppoflow passes
+    its schema defaults, since verl's config lists every key with its default); only ``tree``'s
+    own keys are returned.
 
     >>> resolve_interpolations({"a": {"b": 3}, "c": "${a.b}", "d": "${oc.select:x.y,7}"})[0]
     {'a': {'b': 3}, 'c': 3, 'd': 7}
@@ -36,7 +42,7 @@ def resolve_interpolations(tree: Mapping[str, Any]) -> tuple[dict[str, Any], lis
     from omegaconf import OmegaConf
 
     try:
-        conf = OmegaConf.create(tree)
+        conf = OmegaConf.create(_over(background, tree))
     except Exception as err:  # a value OmegaConf cannot hold (never from YAML or JSON)
         return tree, [f"<root>: cannot resolve interpolations: {_first_line(err)}"], set()
     problems, failed = [], set()
@@ -49,7 +55,30 @@ def resolve_interpolations(tree: Mapping[str, Any]) -> tuple[dict[str, Any], lis
     for path in failed:
         _remove(conf, path)
     resolved = OmegaConf.to_container(conf, resolve=True, throw_on_missing=False)
-    return resolved, problems, failed
+    return _only(resolved, tree), problems, failed
+
+
+def _over(background: Mapping[str, Any] | None, tree: Mapping[str, Any]) -> dict[str, Any]:
+    """``tree`` deep-merged over ``background``."""
+    merged = dict(background or {})
+    for key, value in tree.items():
+        below = merged.get(key)
+        both = isinstance(value, Mapping) and isinstance(below, Mapping)
+        merged[key] = _over(below, value) if both else value
+    return merged
+
+
+def _only(resolved: Mapping[str, Any], shape: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``resolved`` that ``shape`` has (the background's own keys dropped)."""
+    out = {}
+    for key, value in shape.items():
+        if key not in resolved:
+            continue
+        if isinstance(value, Mapping) and value and isinstance(resolved[key], Mapping):
+            out[key] = _only(resolved[key], value)
+        else:
+            out[key] = resolved[key]
+    return out
 
 
 class Evaluator:
@@ -61,10 +90,12 @@ class Evaluator:
     4
     """
 
-    def __init__(self, tree: Mapping[str, Any]) -> None:
+    def __init__(
+        self, tree: Mapping[str, Any], background: Mapping[str, Any] | None = None
+    ) -> None:
         from omegaconf import OmegaConf
 
-        self._conf = OmegaConf.create(dict(tree))
+        self._conf = OmegaConf.create(_over(background, tree))
 
     def at(self, key: str, expression: str) -> Any:
         """Raises when the expression cannot be resolved there."""

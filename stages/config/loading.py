@@ -34,7 +34,7 @@ from stages.config.errors import ConfigError, dotted, format_validation_error
 from stages.config.interpolation import iter_leaves, missing_values, resolve_interpolations
 from stages.config.overrides import Override, parse_one, parse_overrides
 from stages.config.root import CROSS_FIELD_ERROR, ConfigNotice, PPORunConfig
-from stages.config.verl_keys import translate_verl_keys
+from stages.config.verl_keys import schema_defaults, translate_verl_keys
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "configs"
@@ -244,7 +244,7 @@ def build_config(composed: Composed, source: str, loud_from: int) -> PPORunConfi
     verl keys get a notice line each).
     """
     problems = list(composed.problems)
-    resolved, found, _ = resolve_interpolations(composed.tree)
+    resolved, found, _ = resolve_interpolations(composed.tree, schema_defaults())
     problems += found
     translated = translate_verl_keys(resolved, composed.origin, loud_from, composed.names)
     problems += translated.problems + missing_values(translated.tree)
@@ -320,7 +320,7 @@ def explain_verl_keys(
     composed.add_overrides(parsed)
     if bad or composed.problems:
         raise ConfigError([*bad, *composed.problems], "overrides")
-    resolved, _, _ = resolve_interpolations(composed.tree)
+    resolved, _, _ = resolve_interpolations(composed.tree, schema_defaults())
     return translate_verl_keys(resolved, composed.origin, loud_from, composed.names).report
 
 

@@ -25,6 +25,7 @@ one summary line.
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from collections.abc import Mapping
@@ -137,6 +138,19 @@ def _schema_keys() -> frozenset[str]:
     return frozenset(keys)
 
 
+@functools.cache
+def _schema_defaults() -> dict[str, Any]:
+    from stages.config.root import PPORunConfig
+
+    return PPORunConfig().model_dump(mode="json")
+
+
+def schema_defaults() -> dict[str, Any]:
+    """ppoflow's defaults as a tree: what a verl interpolation naming an unset key sees (verl's
+    config lists every key with its default)."""
+    return copy.deepcopy(_schema_defaults())
+
+
 def is_schema_key(key: str) -> bool:
     """True for a ppoflow key or section (``trainer``, ``trainer.logger``).
 
@@ -224,7 +238,7 @@ class _Translator:
 
     @functools.cached_property
     def evaluator(self) -> Evaluator:
-        return Evaluator(self.tree)
+        return Evaluator(self.tree, schema_defaults())
 
     def run(self) -> Translation:
         leaves = list(iter_leaves(self.tree))
@@ -432,7 +446,7 @@ def verl_key_report(tree: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per key of ``tree``: key, value, fate (a :class:`Fate` value), ppoflow key, why."""
     from stages.config.interpolation import resolve_interpolations
 
-    resolved, _, _ = resolve_interpolations(tree)
+    resolved, _, _ = resolve_interpolations(tree, schema_defaults())
     return translate_verl_keys(resolved).report
 
 
@@ -479,6 +493,7 @@ __all__ = [
     "Translation",
     "is_schema_key",
     "rule_for",
+    "schema_defaults",
     "translate_value",
     "translate_verl_keys",
     "verl_children",

@@ -22,7 +22,7 @@ from stages.config import (
 ALL_CONFIGS = sorted(CONFIGS_DIR.glob("*.yaml"))
 
 
-def test_override_values_are_typed_by_yaml() -> None:
+def test_override_values_are_typed_by_hydras_grammar() -> None:
     cfg = load_config(
         None,
         [
@@ -206,7 +206,10 @@ def test_legacy_top_level_reward_blocks_are_aliases() -> None:
 
 
 def test_legacy_alias_conflict_is_an_error() -> None:
-    with pytest.raises(ConfigError, match=r"set the same ppoflow key reward\.custom_reward_function\.name in the command-line overrides"):
+    with pytest.raises(
+        ConfigError,
+        match=r"set the same ppoflow key reward\.custom_reward_function\.name in the command-line overrides",
+    ):
         load_config(None, ["reward.custom_reward_function.name=a", "custom_reward_function.name=b"])
 
 
