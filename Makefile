@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade -q pip
 	$(PIP) install torch==2.13.0
-	$(PIP) install -c constraints.txt -e '.[dev,ray]'
+	$(PIP) install -c constraints.txt -e '.[dev,ray,wandb,tensorboard]'
 	touch $@
 
 # The main job: write the demo task and the tiny model, train with GRPO on CPU (about 3 minutes on

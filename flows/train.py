@@ -4,14 +4,15 @@
 
 1. resolve and validate the config, create the run directory (``RunStore``) and save the config;
 2. load the tokenizer and the train / validation datasets, build the loader;
-3. build the engines once (``flows.engines``: actor, ref, critic, reward pool), open MLflow
-   (experiment = ``trainer.project_name``, run = ``trainer.experiment_name``; default store
-   ``<run_dir>/mlflow.db``) and log the config as params;
+3. build the engines once (``flows.engines``: actor, ref, critic, reward pool), open the metric
+   sinks ``trainer.logger`` lists (``flows.metric_sinks``: MLflow with experiment =
+   ``trainer.project_name``, run = ``trainer.experiment_name``, default store
+   ``<run_dir>/mlflow.db``; W&B; TensorBoard) and log the config to them;
 4. ``val_before_train``; then for each step: the step input (uid per prompt, repeat n), the step
    flow's stages (``run_step.fn`` inside this flow run, so no per-step flow-run overhead), the
-   step metrics (stage metrics, data, timing, throughput, ``training/*``) → MLflow, validation
+   step metrics (stage metrics, data, timing, throughput, ``training/*``) → the sinks, validation
    every ``test_freq`` steps and at the last step, a checkpoint every ``save_freq`` steps, a
-   markdown summary of the step as a Prefect artifact (``flows.step_report``); the MLflow
+   markdown summary of the step as a Prefect artifact (``flows.step_report``); the sinks'
    metrics and the report are sent on a background thread while the next step computes
    (``flows.publisher``);
 5. a summary; the engines and the reward pool are closed in ``finally``.
@@ -49,7 +50,7 @@ from flows.code_fingerprint import code_change_notice, run_code
 from flows.device import apply_device
 from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
 from flows.generations_dump import dump_rollout, dump_validation
-from flows.mlflow_logger import MLflowLogger
+from flows.metric_sinks import MetricSinks, open_sinks
 from flows.progress import SCORE, Progress
 from flows.publisher import Publisher
 from flows.run_store import RunStore, StageRecord
@@ -66,6 +67,7 @@ from stages.metrics import (
     compute_throughput_metrics,
     compute_timing_metrics,
 )
+from stages.metrics.sinks import shows_progress
 from stages.ppo import PPO_STAGES, make_step_input
 from stages.stage import StageContext
 
@@ -122,15 +124,14 @@ class TrainRun:
     loader: StatefulPromptLoader
     total_steps: int
     engines: dict[str, Any] = field(default_factory=dict)
-    logger: MLflowLogger | None = None
+    sinks: MetricSinks = field(default_factory=lambda: MetricSinks({}, None))
     kl_ctrl: Any = None
     lineage: WeightsLineage | None = None
     progress: Progress | None = None
     start_step: int = 1
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if self.logger is not None:
-            self.logger.log_metrics(metrics, step)
+        self.sinks.log_metrics(metrics, step)
 
     def run_state(self) -> dict[str, Any]:
         return {
@@ -142,7 +143,7 @@ class TrainRun:
 
 
 def open_run(cfg: PPORunConfig, run_dir: str | None) -> TrainRun:
-    """Steps 1–3 of the module docstring (engines and MLflow opened last)."""
+    """Steps 1–3 of the module docstring (engines and the metric sinks opened last)."""
     apply_device(cfg)
     seed_everything(cfg.trainer.seed)
     store = RunStore(run_dir or default_run_dir(cfg))
@@ -152,21 +153,14 @@ def open_run(cfg: PPORunConfig, run_dir: str | None) -> TrainRun:
     loader = train_loader(cfg.data, train_set)
     total = cfg.resolve_total_training_steps(len(train_set))
     run = TrainRun(cfg, store, tokenizer, val_set, loader, total)
-    run.progress = Progress(total, enabled="console" in cfg.trainer.logger)
+    run.progress = Progress(total, enabled=shows_progress(cfg.trainer.logger))
     run.lineage = WeightsLineage.from_config(cfg)
     if cfg.algorithm.use_kl_in_reward:
         run.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl)
     run.engines = build_engines(cfg, tokenizer, total)
     try:
         resume(run)
-        if "mlflow" in cfg.trainer.logger:
-            run.logger = MLflowLogger(
-                cfg.trainer.project_name,
-                cfg.trainer.experiment_name,
-                run_dir=store.root if store.is_local else None,
-                tracking_uri=cfg.ppoflow.mlflow_tracking_uri,
-            )
-            run.logger.log_params(cfg)
+        run.sinks = open_sinks(cfg, store.root if store.is_local else None)
     except BaseException:
         close_engines(run.engines)
         raise
@@ -252,21 +246,21 @@ def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRe
 
 
 def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:
-    """Validate and print at ``step`` (generations table → MLflow); returns (mean score,
+    """Validate and print at ``step`` (generations table → the sinks); returns (mean score,
     val metrics), which the caller logs with the step's metrics."""
     result = validate(run.cfg, run.engines, run.val_set, run.tokenizer, step)
     dump_validation(run.cfg.trainer.validation_data_dir, result.scored, run.tokenizer, step)
     run.progress.validation(step, result.mean_score, result.metrics)
-    if run.logger is not None and result.generations:
-        run.logger.log_dict(result.generations, f"val_generations/step_{step}.json")
+    if result.generations:
+        run.sinks.log_dict(result.generations, f"val_generations/step_{step}.json")
     return result.mean_score, result.metrics
 
 
 def publish_step(
     run: TrainRun, step: int, records: list[StageRecord], metrics: dict, mlflow_run_id: str | None
 ) -> None:
-    """The step's metrics → MLflow, its markdown report → a Prefect artifact (on the
-    publishing thread, flows/publisher.py)."""
+    """The step's metrics → the metric sinks, its markdown report → a Prefect artifact (on
+    the publishing thread, flows/publisher.py)."""
     run.log(metrics, step)
     publish_step_report(step, records, metrics, mlflow_run_id)
 
@@ -304,7 +298,7 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
     status = "FAILED"
     publisher = Publisher()
     try:
-        result.mlflow_run_id = run.logger.run_id if run.logger else None
+        result.mlflow_run_id = run.sinks.run_ids.get("mlflow")
         if cfg.trainer.val_before_train:
             result.val_before, val_metrics = run_validation(run, run.start_step - 1)
             run.log(val_metrics, run.start_step - 1)
@@ -313,7 +307,7 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
         for step in range(run.start_step, last + 1):
             metrics, records = train_step(run, step)
             if is_due(step, cfg.trainer.test_freq, run.total_steps):
-                publisher.wait()  # validation logs through the same MLflow logger
+                publisher.wait()  # validation logs through the same sinks
                 result.val_after, val_metrics = run_validation(run, step)
                 metrics.update(val_metrics)
             if is_due(step, cfg.trainer.save_freq, run.total_steps):
@@ -329,13 +323,12 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
         run.progress.close()  # stop the live bar, also when the run failed
         close_quietly(publisher)
         close_engines(run.engines)
-        if run.logger is not None:
-            result.mlflow_run_id = run.logger.run_id
-            try:
-                if result.history:  # also the steps of a run that failed part-way
-                    run.logger.log_plots([result.before_training, *result.history])
-            finally:
-                run.logger.close(status)
+        result.mlflow_run_id = run.sinks.run_ids.get("mlflow")
+        try:
+            if result.history:  # also the steps of a run that failed part-way
+                run.sinks.log_plots([result.before_training, *result.history])
+        finally:
+            run.sinks.close(status)
     run.progress.summary(summary_rows(result, cfg))
     return result
 

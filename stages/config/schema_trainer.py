@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from stages.config._base import ConfigModel
-from stages.config.choices import WorkerBackendName
+from stages.config.choices import WorkerBackendName, check_registered
+from stages.metrics.sinks import METRIC_SINKS, missing_package
+
+
+def _metric_sink(name: str) -> str:
+    return check_registered(name, METRIC_SINKS.names(), "metric sink")
+
+
+#: ``trainer.logger`` item: a name in ``stages.metrics.sinks.METRIC_SINKS``
+MetricSinkName = Annotated[str, AfterValidator(_metric_sink)]
 
 
 class TrainerConfig(ConfigModel):
@@ -83,9 +92,11 @@ class TrainerConfig(ConfigModel):
     )
     nnodes: int = Field(1, ge=1, description="Nodes; DP size = n_gpus_per_node × nnodes (nodes)")
     device: Literal["cpu", "cuda"] = Field("cuda", description="Device type of every rank (choice)")
-    logger: list[Literal["console", "mlflow"]] = Field(
+    logger: list[MetricSinkName] = Field(
         ["console", "mlflow"],
-        description="Metric sinks [ppoflow: MLflow instead of verl's wandb] (names)",
+        description="Metric sinks (stages.metrics.sinks): console, mlflow, wandb (offline unless "
+        "WANDB_MODE or WANDB_API_KEY is set), tensorboard (<run dir>/tensorboard) [ppoflow: "
+        "default mlflow where verl's is wandb] (names)",
     )
     seed: int = Field(
         42,
@@ -97,6 +108,15 @@ class TrainerConfig(ConfigModel):
     def _one_logger_is_a_list(cls, value: object) -> object:
         """Accept ``logger: console`` as verl does."""
         return [value] if isinstance(value, str) else value
+
+    @field_validator("logger")
+    @classmethod
+    def _sink_packages_installed(cls, names: list[str]) -> list[str]:
+        """A listed sink whose optional package is missing names the extra to install."""
+        problems = [problem for name in names if (problem := missing_package(name))]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return names
 
 
 class WorkersConfig(ConfigModel):
