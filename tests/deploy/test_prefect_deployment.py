@@ -174,7 +174,9 @@ def prefect_server(tmp_path: Path) -> Iterator[LocalServer]:
 
 
 def tiny_overrides(demo: Path, tmp_path: Path) -> list[str]:
-    """One step of 4 prompts × 2 samples of 8 tokens, no validation or checkpoint.
+    """One step of 4 prompts × 2 samples of 8 tokens, no validation or checkpoint; the scorer
+    and the reward workers in verl's legacy spellings (``custom_reward_function.path``,
+    ``reward_model.num_workers``), as a verl user's deployment parameters would give them.
 
     File lists are given as single paths (``data.train_files=/a/train.parquet``): the
     `prefect deployment run` CLI prints the parameters as rich markup, and ``[/a/…]`` reads as a
@@ -194,8 +196,20 @@ def tiny_overrides(demo: Path, tmp_path: Path) -> list[str]:
         "trainer.save_freq=0",
         f"trainer.default_local_dir={tmp_path}/checkpoints",
         f"ppoflow.mlflow_tracking_uri=sqlite:///{tmp_path}/mlflow.db",
-        "reward.num_workers=1",
+        f"custom_reward_function.path={write_scorer(tmp_path)}",
+        "reward_model.num_workers=1",
     ]
+
+
+def write_scorer(tmp_path: Path) -> Path:
+    """A custom scorer: the response's length in characters, over 100."""
+    path = tmp_path / "length_score.py"
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    return len(solution_str) / 100\n",
+        encoding="utf-8",
+    )
+    return path
 
 
 def wait_for_end(api_url: str, flow_run_id: str, worker: subprocess.Popen, log: Path) -> dict:
@@ -252,6 +266,9 @@ def test_demo_deployment_runs_on_a_process_worker(
     assert run["parameters"]["config"] == "demo-cpu"  # the deployment's default
     journal = RunStore(run_dir).read_journal(1)
     assert journal.status == "done"
+    reward = RunStore(run_dir).load_config()["reward"]  # the legacy spellings were read
+    assert reward["custom_reward_function"]["path"] == str(tmp_path / "length_score.py")
+    assert reward["num_workers"] == 1
     assert journal.record("update_actor").status == "ran"
     reports = api_post(
         f"{api_url}/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}

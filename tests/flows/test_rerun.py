@@ -50,7 +50,7 @@ def parent_run(tmp_path_factory, make_demo_inputs, tiny_run_overrides) -> dict:
             "trainer.val_before_train=false",
             "trainer.test_freq=0",
             "trainer.save_freq=1",
-            f"reward.custom_reward_function.path={root}/spread_score.py",
+            f"custom_reward_function.path={root}/spread_score.py",  # verl's legacy spelling
         ),
         str(root / "run"),
     )
@@ -158,6 +158,30 @@ def test_a_missing_checkpoint_is_named(parent_run, tmp_path):
     )
     assert outcome.exit_code == 1
     assert "global_step_1" in outcome.output and "trainer.save_freq" in outcome.output
+
+
+def test_rerun_takes_verl_legacy_reward_spellings(parent_run, tmp_path):
+    other = tmp_path / "half_score.py"
+    other.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    return 0.5\n"
+    )
+    outcome = CliRunner().invoke(
+        app,
+        ["rerun", parent_run["run_dir"], "--step", "1", "--from", "reward", "--to", "reward",
+         f"custom_reward_function.path={other}", "--run-dir", str(tmp_path / "legacy")],
+    )  # fmt: skip
+    assert outcome.exit_code == 0, outcome.output
+    assert (
+        f"note: verl's custom_reward_function.path is read as reward.custom_reward_function.path = '{other}'"
+        in outcome.output
+    )
+    config = RunStore(str(tmp_path / "legacy")).load_config()
+    assert config["reward"]["custom_reward_function"]["path"] == str(other)
+    journal = RunStore(str(tmp_path / "legacy")).read_journal(1)
+    assert journal.record("reward").status == "ran"
+    assert any(line.startswith("reward/score_mean") for line in outcome.output.splitlines())
+    assert "cache miss: custom reward file changed" in outcome.output
 
 
 def test_cli_prints_the_diff_and_the_new_run_dir_last(parent_run, tmp_path):
