@@ -5,10 +5,10 @@
     .venv/bin/python bench/verl_config_coverage.py --write-defaults   # regenerate the data file
 
 It loads ``verl/trainer/config/_generated_ppo_trainer.yaml`` from the installed verl through
-ppoflow's loader (``stages.config.load_config``) and prints what became of each of its keys:
-read as a ppoflow key, mapped to one, accepted with no effect, or dropped as a verl feature at its
-default. The baseline is verl's own file, read in the same run; the ratio printed is the share of
-verl's keys ppoflow loads without an error.
+ppoflow's loader (``stages.config.load_config``; the rollout engine named, since verl's file leaves
+it '???') and prints what became of each of its keys: read as a ppoflow key, mapped to one,
+accepted with no effect, or dropped as a verl feature at its default. It exits with the loader's
+error if verl's own file does not load.
 
 ``--write-defaults`` writes ``stages/config/verl_defaults.yaml``: verl 0.9.1's default value of
 every key of that file that ppoflow's schema does not have (interpolations kept as written). The
@@ -29,9 +29,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stages.config import load_config  # noqa: E402
+from stages.config import explain_verl_keys, load_config  # noqa: E402
 from stages.config.interpolation import iter_leaves  # noqa: E402
-from stages.config.verl_keys import DEFAULTS_PATH, is_schema_key, verl_key_report  # noqa: E402
+from stages.config.verl_keys import DEFAULTS_PATH, is_schema_key  # noqa: E402
 
 VERL_CONFIG = "trainer/config/_generated_ppo_trainer.yaml"
 
@@ -60,11 +60,31 @@ def write_defaults(verl_yaml: Path, out: Path) -> int:
     return len(defaults)
 
 
+#: verl's file leaves the rollout engine as '???' (mandatory); verl's scripts set it too
+ROLLOUT = ["actor_rollout_ref.rollout.name=vllm"]
+
+
 def coverage(verl_yaml: Path) -> list[dict]:
-    """One row per key of verl's config: key, verl's value, fate, ppoflow key, why."""
-    tree = yaml.safe_load(verl_yaml.read_text(encoding="utf-8"))
-    load_config(verl_yaml)  # raises ConfigError if verl's own file does not load
-    return verl_key_report(tree)
+    """One row per key of verl's config: key, verl's value, fate, ppoflow key, why. Raises
+    ConfigError if verl's own file (with the rollout engine named) does not load."""
+    load_config(verl_yaml, ROLLOUT)
+    return explain_verl_keys(verl_yaml, ROLLOUT)
+
+
+def markdown(rows: list[dict]) -> str:
+    """Mapped keys one per row; the others grouped by what ppoflow does instead."""
+    lines = ["| verl 0.9.1 key(s) | keys | in ppoflow | why / ppoflow key |", "|---|---|---|---|"]
+    for row in rows:
+        if row["fate"] in ("mapped", "mapped per rank"):
+            lines.append(f"| `{row['key']}` | 1 | {row['fate']} | `{row['target']}` |")
+    groups: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+    for row in rows:
+        if row["fate"] not in ("mapped", "mapped per rank", "ppoflow key"):
+            groups[(row["fate"], row["why"] or "verl feature")].append(row["key"])
+    for (fate, why), keys in sorted(groups.items()):
+        shown = ", ".join(f"`{k}`" for k in keys[:2]) + (", …" if len(keys) > 2 else "")
+        lines.append(f"| {shown} | {len(keys)} | {fate} | {why} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -79,20 +99,16 @@ def main() -> None:
         print(f"wrote {count} verl defaults to {DEFAULTS_PATH.relative_to(ROOT)}")
         return
     rows = coverage(verl_yaml)
-    counts = collections.Counter(row["fate"] for row in rows)
     if args.markdown:
-        print("| verl key | verl 0.9.1 default | in ppoflow | why |")
-        print("|---|---|---|---|")
-        for row in rows:
-            if row["fate"] != "ppoflow key":
-                print(f"| `{row['key']}` | `{row['value']!r}` | {row['fate']} | {row['why']} |")
+        print(markdown(rows))
     else:
         for row in rows:
-            print(f"{row['fate']:<22} {row['key']}  {row['why']}")
-    total = sum(counts.values())
+            target = f" -> {row['target']}" if row["target"] and row["target"] != row["key"] else ""
+            print(f"{row['fate']:<22} {row['key']}{target}  {row['why']}")
+    counts = collections.Counter(row["fate"] for row in rows)
     print()
-    print(f"verl 0.9.1 keys: {total}; " + ", ".join(f"{n} {fate}" for fate, n in counts.items()))
-    print(f"ratio loaded without error: {total}/{total} = 1.00 (verl's file loads in ppoflow)")
+    print(f"{verl_yaml.name} (verl 0.9.1) + {ROLLOUT[0]}: loads in ppoflow.")
+    print(f"{sum(counts.values())} keys: " + ", ".join(f"{n} {fate}" for fate, n in counts.items()))
 
 
 if __name__ == "__main__":

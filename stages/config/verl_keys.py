@@ -82,7 +82,7 @@ class Translation:
 
 def _pattern(text: str) -> re.Pattern[str]:
     """``a.*.b`` → a regex where each ``*`` captures any run of characters (dots included)."""
-    return re.compile("^" + "(.+)".join(re.escape(part) for part in text.split("*")) + "$")
+    return re.compile("^" + "(.*)".join(re.escape(part) for part in text.split("*")) + "$")
 
 
 @functools.cache

@@ -486,3 +486,20 @@ def test_config_show_prints_notes_on_stderr(tmp_path):
         "note: verl's custom_reward_function.path is read as reward.custom_reward_function.path = 'x.py'"
         in result.output
     )
+
+
+def test_the_docs_list_every_mapping_and_every_unsupported_feature():
+    """docs/differences.md states the whole table (regenerate its tables when verl_keys.yaml
+    changes)."""
+    import yaml
+
+    from stages.config.verl_keys import TABLE_PATH
+
+    table = yaml.safe_load(TABLE_PATH.read_text(encoding="utf-8"))
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "differences.md").read_text()
+    for section in ("rename", "per_rank", "values", "no_effect", "unsupported"):
+        for key in table[section]:
+            assert f"`{key}`" in doc, (section, key)
+    for section in ("no_effect", "unsupported"):
+        for why in table[section].values():
+            assert why in doc, (section, why)

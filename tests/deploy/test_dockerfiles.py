@@ -98,7 +98,7 @@ def test_cpu_image_installs_as_the_readme_does():
 def test_cpu_test_stage_runs_the_fast_subset():
     test_stage = stages(DOCKERFILES["cpu"])["test"]
     assert test_stage[0] == "FROM builder AS test"
-    assert "RUN pip install -c constraints.txt -e '.[dev,ray]'" in test_stage
+    assert "RUN pip install -c constraints.txt -e '.[dev,ray,wandb,tensorboard]'" in test_stage
     pytest_runs = [line for line in test_stage if "pytest" in line]
     assert pytest_runs == [
         "RUN python -m pytest -q -p no:cacheprovider -m 'not slow and not gpu and not vllm'"
