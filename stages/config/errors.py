@@ -71,7 +71,7 @@ def _describe(item: dict[str, Any], root: type[BaseModel]) -> str:
     kind, loc, value = item["type"], item["loc"], item.get("input")
     path, ctx = dotted(loc), item.get("ctx") or {}
     if kind == "extra_forbidden":
-        return f"{path}: unknown key{suggest(str(loc[-1]), sibling_keys(root, loc[:-1]))}"
+        return f"{path}: unknown key{_unknown_key_hint(root, loc)}"
     if kind == "missing" and loc and isinstance(loc[-1], int):
         return f"{dotted(loc[:-1])}: too few items (item {loc[-1]} is missing)"
     if kind == "missing":
@@ -87,6 +87,18 @@ def _describe(item: dict[str, Any], root: type[BaseModel]) -> str:
         return f"{path}: got {value!r} ({type(value).__name__}); expected {EXPECTED[kind]}"
     message = item["msg"].removeprefix("Value error, ")
     return message if not loc else f"{path}: {message}"
+
+
+def _unknown_key_hint(root: type[BaseModel], loc: Sequence[str | int]) -> str:
+    """Did-you-mean among the section's ppoflow keys and verl's keys there (a verl name is then
+    read as its ppoflow key, e.g. ``grad_clip`` → ``optim.clip_grad``)."""
+    from stages.config.verl_keys import verl_children
+
+    parent = dotted(loc[:-1]) if loc[:-1] else ""
+    verl = {k[len(parent) + 1 :].split(".")[0] for k in verl_children(parent)} if parent else set()
+    own = sibling_keys(root, loc[:-1])
+    hint = suggest(str(loc[-1]), [*own, *sorted(verl - set(own))])
+    return hint if hint.startswith("; did you mean") else suggest(str(loc[-1]), own)
 
 
 def suggest(key: str, known: Sequence[str]) -> str:

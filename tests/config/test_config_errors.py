@@ -175,6 +175,10 @@ BAD_OVERRIDES = {
         ["actor_rollout_ref.actor.fsdp_config.param_ofload=true"],
         ["verl's actor_rollout_ref.actor.fsdp_config section", "did you mean 'param_offload'"],
     ),
+    "typo of a verl key name": (
+        ["actor_rollout_ref.actor.grad_clp=1"],
+        ["actor_rollout_ref.actor.grad_clp: unknown key; did you mean 'grad_clip'?"],
+    ),
     "verl global micro-batch not divisible by the DP size": (
         ["actor_rollout_ref.actor.ppo_micro_batch_size=12"],
         ["actor_rollout_ref.actor.ppo_micro_batch_size = 12", "DP size 8"],
