@@ -252,9 +252,13 @@ def build_config(composed: Composed, source: str, loud_from: int) -> PPORunConfi
         warnings.warn(notice, ConfigNotice, stacklevel=3)
     if translated.quiet:
         more = " more" if translated.notices else ""
+        keys = f"{translated.quiet}{more} verl key" + (
+            " holds verl 0.9.1's default and was" if translated.quiet == 1 else
+            "s hold verl 0.9.1's defaults and were"
+        )  # fmt: skip
         warnings.warn(
-            f"{translated.quiet}{more} verl keys hold verl 0.9.1's defaults and were read or "
-            "dropped without a line each (`ppoflow config verl-keys` lists every key's fate)",
+            f"{keys} read or dropped without a line of its own (`ppoflow config verl-keys` lists "
+            "every key's fate)",
             ConfigNotice,
             stacklevel=3,
         )

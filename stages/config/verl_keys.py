@@ -372,6 +372,16 @@ class _Translator:
     def unknown(self, key: str, value: Any) -> None:
         from stages.config.errors import suggest
 
+        if key in _verl_sections():  # a verl section given a value
+            names = sorted(
+                {k[len(key) + 1 :].split(".")[0] for k in verl_children(key)} - {"_target_"}
+            )
+            self.out.problems.append(
+                f"{key} = {value!r}: in verl 0.9.1 this is a section (keys: {', '.join(names)}); "
+                f"set one of its keys, e.g. {key}.{names[0]}=…"
+            )
+            self.out.report.append(_row(key, value, Fate.UNKNOWN))
+            return
         section = next(
             (p for p in _ancestors(key) if p in _verl_sections()), None
         )  # deepest verl-only section above the key

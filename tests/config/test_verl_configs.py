@@ -503,3 +503,18 @@ def test_the_docs_list_every_mapping_and_every_unsupported_feature():
     for section in ("no_effect", "unsupported"):
         for why in table[section].values():
             assert why in doc, (section, why)
+
+
+def test_a_verl_section_given_a_value():
+    cfg = load_config("demo-cpu", ["reward.reward_manager=naive"])  # verl's older scalar form
+    assert cfg.reward.custom_reward_function.path is None
+    with pytest.raises(ConfigError) as info:
+        load_config("demo-cpu", ["actor_rollout_ref.rollout.multi_turn=5"])
+    assert info.value.problems == [
+        "actor_rollout_ref.rollout.multi_turn = 5: in verl 0.9.1 this is a section (keys: "
+        "enable, format, function_tool_path, max_assistant_turns, max_parallel_calls, "
+        "max_tool_response_length, max_user_turns, num_repeat_rollouts, "
+        "tokenization_sanity_check_mode, tool_config_path, tool_response_truncate_side, "
+        "use_inference_chat_template); set one of its keys, e.g. "
+        "actor_rollout_ref.rollout.multi_turn.enable=…"
+    ]
