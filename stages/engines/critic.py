@@ -26,6 +26,7 @@ from stages.algos.policy_loss_config import read_settings
 from stages.algos.value_loss import compute_value_loss
 from stages.engines.actor import PPOUpdateSettings, optimizer_step, record_step
 from stages.engines.batching import MicroBatching, global_batch_info, mini_batch_indices
+from stages.engines.trimming import pad_response_columns, real_span
 from stages.metrics.metric import Metric
 
 if TYPE_CHECKING:
@@ -119,21 +120,26 @@ class ValueModel(nn.Module):
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, response_length: int
     ) -> Tensor:
-        """(B, T) inputs → (B, R) float32 values V(s_t) for the R response positions."""
+        """(B, T) inputs → (B, R) float32 values V(s_t) for the R response positions; the forward
+        runs on the columns some row needs (``stages.engines.trimming``), and response columns
+        that are padding in every row get 0."""
         total = input_ids.shape[1]
         if not 0 < response_length < total:
             raise ValueError(
                 f"response_length must be in 1..{total - 1} for sequences of {total} tokens, "
                 f"got {response_length}"
             )
+        start, stop = real_span(attention_mask, response_length)  # the columns some row needs
         hidden = self.backbone.base_model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
+            input_ids=input_ids[:, start:stop],
+            attention_mask=attention_mask[:, start:stop],
+            position_ids=position_ids[..., start:stop],
             use_cache=False,
-        ).last_hidden_state  # (B, T, H)
-        hidden = hidden[:, total - response_length - 1 : total - 1]  # (B, R, H)
-        return value_head(self.backbone)(hidden).squeeze(-1).float()  # (B, R)
+        ).last_hidden_state  # (B, T', H)
+        kept = stop - (total - response_length)  # R' response columns
+        hidden = hidden[:, -kept - 1 : -1]  # (B, R', H)
+        values = value_head(self.backbone)(hidden).squeeze(-1).float()  # (B, R')
+        return pad_response_columns(values, response_length)  # (B, R), 0 where all rows pad
 
 
 def require_keys(tensors: TensorDict, needed: Iterable[str], where: str) -> None:

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from stages.engines.trimming import pad_response_columns, real_span
+
 #: response positions per vocabulary-projection chunk (chunk logits are chunk·B·V floats)
 DEFAULT_CHUNK_TOKENS = 256
 #: a chunk whose float32 logits are smaller than this keeps them for backward instead of
@@ -81,8 +83,10 @@ def response_logprobs(
         response_length: R, the width of the response part (the last R columns).
 
     Returns:
-        ((B, R) float32 log-probs, (B, R) float32 entropy or None). Values at response padding are
-        computed like any other position; callers mask them with ``response_mask``.
+        ((B, R) float32 log-probs, (B, R) float32 entropy or None). The forward runs only on the
+        columns some row needs (``stages.engines.trimming.real_span``); response columns that
+        are padding in every row get 0, the others are computed like any other position, and
+        callers mask response padding with ``response_mask``.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute log-probs, got {temperature}")
@@ -91,6 +95,36 @@ def response_logprobs(
         raise ValueError(
             f"response_length must be in 1..{total - 1} for sequences of {total} tokens, got {response_length}"
         )
+    start, stop = real_span(attention_mask, response_length)
+    logprobs, entropy = full_width_logprobs(
+        model,
+        input_ids[:, start:stop],
+        attention_mask[:, start:stop],
+        position_ids[..., start:stop],
+        stop - (total - response_length),
+        temperature=temperature,
+        calculate_entropy=calculate_entropy,
+        chunk_tokens=chunk_tokens,
+    )
+    return (
+        pad_response_columns(logprobs, response_length),
+        pad_response_columns(entropy, response_length),
+    )
+
+
+def full_width_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    response_length: int,
+    *,
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`response_logprobs` on every column as given (no trimming); same arguments."""
+    total = input_ids.shape[1]
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     hidden = decoder(
         input_ids=input_ids,

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from dataproto import DataProto
+from stages.engines.trimming import first_used_column
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,14 @@ def _generate_rows(
     settings: SamplingSettings,
     **generate_kwargs,
 ) -> tuple[Tensor, Tensor]:
-    """(B, R) right-padded responses and their (B, R) log-probs for one chunk of rows."""
+    """(B, R) right-padded responses and their (B, R) log-probs for one chunk of rows.
+
+    The leading prompt columns that are padding in every row are dropped before ``generate``
+    (``stages.engines.trimming``): HF derives position ids from the attention mask, so the real
+    tokens see the same positions, and attention never reads padding.
+    """
+    start = first_used_column(attention_mask)
+    input_ids, attention_mask = input_ids[:, start:], attention_mask[:, start:]
     recorder = ChosenTokenLogProbs(settings.temperature if settings.do_sample else 1.0)
     sequences = module.generate(
         input_ids=input_ids,
