@@ -25,12 +25,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 # The main job: write the demo task and the tiny model, train with GRPO on CPU (about 3 minutes on
 # 2 cores), then print one stage's artifact of the last step (rows, fingerprint, token ledger);
-# step_100 is configs/demo-cpu.yaml's trainer.total_training_steps.
+# step_200 is configs/demo-cpu.yaml's trainer.total_training_steps.
 demo: install
 	$(PPOFLOW) make-demo-data $(DEMO_DIR)/data
 	$(PPOFLOW) make-tiny-model $(DEMO_DIR)/model
 	$(PPOFLOW) train configs/demo-cpu.yaml | tee $(DEMO_DIR)/train.log
-	$(PPOFLOW) inspect "$$(tail -n 1 $(DEMO_DIR)/train.log)/step_100/rollout"
+	$(PPOFLOW) inspect "$$(tail -n 1 $(DEMO_DIR)/train.log)/step_200/rollout"
 
 test: install
 	$(PY) -m pytest

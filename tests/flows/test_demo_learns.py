@@ -1,4 +1,4 @@
-"""The demo learns (issue 7, test 8): configs/demo-cpu.yaml as shipped, 100 GRPO steps on CPU.
+"""The demo learns: configs/demo-cpu.yaml as shipped, 200 GRPO steps on CPU, one update each.
 
 The demo task (stages/data/demo_task.py) asks the tiny random-init model to copy the letter of
 "copy: c" (one of eight letters). A response character earns 1 for the letter, cyclic near-miss
@@ -10,9 +10,10 @@ validation answers: 0.3125 for uniformly drawn answers (every letter has the sam
 on the 64 answers of seed 1, where g and h are the most frequent). Its accuracy is at most the
 most frequent answer's share. Scoring above both bounds means the policy reads the prompt.
 
-Before training the random model emits no letters (README: greedy validation score 0.000); after
-100 steps the README records 0.414 with accuracy 0.266. About 2.5 minutes of training on two quiet
-cores; data, model, run directory, MLflow and checkpoints all go under ``tmp_path``.
+Before training the random model emits no letters (greedy validation score 0.000); after 200
+steps it copies the letter: greedy accuracy ≥ 0.8 (0.938, score 0.769, measured 2026-12-01), far
+past the prompt-ignoring bounds. About 2.5 minutes of training on two quiet cores; data, model,
+run directory, MLflow and checkpoints all go under ``tmp_path``.
 """
 
 from __future__ import annotations
@@ -68,10 +69,11 @@ def test_demo_validation_score_rises_past_any_prompt_ignoring_policy(tmp_path):
     score_ceiling, acc_ceiling = prompt_ignoring_ceilings(validation_answers(val_file))
     assert score_ceiling >= UNIFORM_CEILING  # the split's bound, never below the uniform one
 
-    assert result.steps == 100 and len(result.history) == 100
+    assert result.steps == 200 and len(result.history) == 200
     assert result.val_before is not None and result.val_before < 0.05
     assert result.val_after is not None and result.val_after > score_ceiling, (
-        f"validation score {result.val_after:.3f} after 100 steps does not beat "
+        f"validation score {result.val_after:.3f} after 200 steps does not beat "
         f"{score_ceiling:.3f}, the best score of a policy that ignores the prompt"
     )
     assert result.history[-1][ACC] > acc_ceiling
+    assert result.history[-1][ACC] >= 0.8, f"greedy accuracy {result.history[-1][ACC]:.3f} < 0.8"
