@@ -55,9 +55,20 @@ class RewardConfig(ConfigModel):
         gt=0,
         description="Per-sample scoring timeout; a sample past it gets error_score [ppoflow-only] (seconds)",
     )
+    startup_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Bound on importing the scorer's module (custom file or built-in) when the run starts; past it the run stops naming the file [ppoflow-only] (seconds)",
+    )
     error_score: float = Field(
         0.0,
         description="Score of a sample whose scorer raised, timed out or returned NaN; counted in a metric [ppoflow-only] (reward)",
+    )
+    max_invalid_fraction: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="Stop the run when more than this share of a batch got no score (raised, timed out, non-number); 1.0 = only when every sample failed [ppoflow-only] (fraction)",
     )
     custom_reward_function: CustomRewardFunctionConfig = Field(
         default_factory=CustomRewardFunctionConfig, description="User scoring function (section)"

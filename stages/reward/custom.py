@@ -7,9 +7,11 @@ by value across processes). This module imports only the standard library: worke
 load it without torch.
 
 A custom scorer (``reward.custom_reward_function.path`` + ``.name``, verl's signature
-``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)``) is
-validated by :func:`load_custom_scorer` when the run starts: a missing file, a file that fails to
-import, or a missing / non-callable function raises at once, not at the first step.
+``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)``) is named by
+:func:`scorer_ref` without importing it; the reward pool's zygote imports it when the run starts,
+under a time bound, so a missing file, a file that fails to import or hangs, or a missing /
+non-callable function fails at once, not at the first step. :func:`load_custom_scorer` validates
+a file by importing it in the calling process (for tools and tests).
 """
 
 from __future__ import annotations
@@ -144,12 +146,25 @@ def load_custom_scorer(path: str | Path, name: str = "compute_score") -> ScorerR
 
 
 def scorer_ref(path: str | Path | None, name: str = "compute_score") -> ScorerRef:
-    """The custom scorer at ``path`` (validated), or the data_source router when ``path`` is None."""
-    return DEFAULT_SCORER if path is None else load_custom_scorer(path, name)
+    """The reference of the custom scorer at ``path``, or the data_source router when None.
+
+    Does not import the file: the reward pool's zygote does, under ``reward.startup_timeout_s``,
+    so a file whose import hangs cannot stall this process. A missing file raises
+    ``FileNotFoundError`` here.
+    """
+    if path is None:
+        return DEFAULT_SCORER
+    resolved = Path(path).expanduser().resolve()
+    if not resolved.is_file():
+        raise FileNotFoundError(
+            f"custom reward file {str(path)!r} does not exist "
+            f"(set reward.custom_reward_function.path to an existing .py file)"
+        )
+    return ScorerRef(name=name, path=str(resolved))
 
 
 def is_async_scorer(fn: Callable[..., Any]) -> bool:
-    """True for ``async def`` scorers (they run on an event loop instead of worker processes)."""
+    """True for ``async def`` scorers (a worker awaits each call on its own event loop)."""
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 (callable objects with an async __call__)
     )

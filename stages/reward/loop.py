@@ -1,4 +1,4 @@
-"""Route A: the per-sample reward loop (decode, score concurrently, collect, count failures).
+"""Route A: the per-sample reward loop (decode, score in isolated workers, collect, count).
 
 For each row the loop decodes the valid response tokens (``responses[i, :L_i]``, special tokens
 skipped) and, when the scorer's signature names ``prompt_str``, the valid prompt tokens (the last
@@ -8,23 +8,23 @@ skipped) and, when the scorer's signature names ``prompt_str``, the valid prompt
 signature ``compute_score(data_source=<route>, solution_str=, ground_truth=, extra_info=,
 **scorer_kwargs)``.
 
-Sync scorers run in a :class:`~stages.reward.pool.ScorerPool` of ``num_workers`` processes (no
-GIL contention; a hung or dead worker is killed / replaced). ``async def`` scorers run on an
-event loop, ``max_concurrent`` at a time, each under ``asyncio.wait_for``; an async scorer must
-not block its event loop (a blocking call cannot be timed out there).
+Every scorer, sync or ``async def``, runs in a :class:`~stages.reward.pool.ScorerPool` of
+``num_workers`` processes forked from a zygote that imported the scorer under
+``startup_timeout_s`` (this process never imports it); a call past ``timeout_s`` kills its
+worker, which is replaced in about a millisecond.
 
-A failure never stops the loop: a raise, a timeout, a NaN/inf or a non-number gives
-``error_score``, is counted (``reward/error_count``, ``reward/timeout_count``,
-``reward/invalid_count``) and logged once with the sample's uid and data_source.
+A failed sample does not stop the loop: a raise, a timeout, a non-number (str, None, NaN, inf, a
+dict without a finite ``score``) or extras the artifact cannot store give ``error_score``, are
+counted (``reward/error_count``, ``reward/timeout_count``, ``reward/invalid_count``) and logged
+once with the sample's uid and data_source (``stages.reward.accounting``). A batch in which more
+than ``max_invalid_fraction`` of the samples failed — or all of them — stops the run with
+:class:`~stages.reward.accounting.ScorerFailureError`, naming the scorer's first error.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -32,36 +32,16 @@ from torch import Tensor
 
 from dataproto import DataProto
 from dataproto import keys as K
-from stages.reward.custom import (
-    DEFAULT_SCORER,
-    ScorerRef,
-    is_async_scorer,
-    scorer_ref,
-    wants_prompt,
-)
+from stages.reward.accounting import LoopResult, check_failure_share, summarize
+from stages.reward.custom import DEFAULT_SCORER, ScorerRef, scorer_ref
 from stages.reward.placement import response_lengths
 from stages.reward.pool import ScorerPool
 from stages.reward.scorers.registry import check_data_sources
 from stages.reward.settings import RewardSettings
-from stages.reward.worker import ERROR, INVALID, OK, TIMEOUT, Outcome, classify_result
+
+__all__ = ["LoopResult", "RewardLoop", "build_calls", "decode_rows"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class LoopResult:
-    """What the loop produced for B samples.
-
-    scores: (B,) float32, ``error_score`` where the scorer failed.
-    extras: name → (B,) object array of per-sample extra infos (None where a sample lacks it).
-    outcomes: the per-sample :class:`Outcome` (status and message).
-    counts: ``{"error": n, "timeout": n, "invalid": n}``.
-    """
-
-    scores: np.ndarray
-    extras: dict[str, np.ndarray]
-    outcomes: list[Outcome]
-    counts: dict[str, int]
 
 
 def decode_rows(tokenizer: Any, token_ids: Tensor, lengths: Tensor, *, from_end: bool) -> list[str]:
@@ -138,101 +118,47 @@ def build_calls(
     return calls
 
 
-async def _score_async(
-    fn: Callable[..., Any], calls: Sequence[dict[str, Any]], timeout_s: float | None, limit: int
-) -> list[Outcome]:
-    semaphore = asyncio.Semaphore(limit)
-
-    async def one(kwargs: dict[str, Any]) -> Outcome:
-        async with semaphore:
-            try:
-                value = await asyncio.wait_for(fn(**kwargs), timeout_s)
-            except TimeoutError:
-                return Outcome(TIMEOUT, message=f"timed out after {timeout_s} s")
-            except Exception as exc:
-                return Outcome(ERROR, message=f"raised {type(exc).__name__}: {exc}")
-            return classify_result(value)
-
-    return list(await asyncio.gather(*(one(kwargs) for kwargs in calls)))
-
-
-def run_async_scorer(
-    fn: Callable[..., Any], calls: Sequence[dict[str, Any]], timeout_s: float | None, limit: int
-) -> list[Outcome]:
-    """Score every call with an ``async def`` scorer on a fresh event loop (a thread's own loop
-    when the caller is already inside one)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(_score_async(fn, calls, timeout_s, limit))
-    with ThreadPoolExecutor(max_workers=1) as thread:
-        return thread.submit(asyncio.run, _score_async(fn, calls, timeout_s, limit)).result()
-
-
-def collect_extras(outcomes: Sequence[Outcome]) -> dict[str, np.ndarray]:
-    """name → (B,) object array over the successful outcomes' extras (None elsewhere).
-
-    Names keep their first-seen order, so ``reward_extra_keys`` is stable across steps.
-    """
-    names: dict[str, None] = {}
-    for outcome in outcomes:
-        names.update(dict.fromkeys(outcome.extras))
-    extras = {name: np.full(len(outcomes), None, dtype=object) for name in names}
-    for i, outcome in enumerate(outcomes):
-        for name, value in outcome.extras.items():
-            extras[name][i] = value
-    return extras
-
-
-def summarize(
-    outcomes: Sequence[Outcome],
-    uids: Sequence[Any],
-    data_sources: Sequence[Any],
-    error_score: float,
-) -> LoopResult:
-    """Substitute ``error_score`` for failures, count and log each failure once."""
-    scores = np.full(len(outcomes), error_score, dtype=np.float32)
-    counts = {ERROR: 0, TIMEOUT: 0, INVALID: 0}
-    for i, outcome in enumerate(outcomes):
-        if outcome.status == OK:
-            scores[i] = outcome.score
-            continue
-        counts[outcome.status] += 1
-        logger.warning(
-            "reward %s for uid=%s data_source=%s: %s; score set to %s",
-            outcome.status, uids[i], data_sources[i], outcome.message, error_score,
-        )  # fmt: skip
-    return LoopResult(scores, collect_extras(outcomes), list(outcomes), counts)
-
-
 class RewardLoop:
     """The per-sample reward loop of a run: owns its worker pool until :meth:`close`.
 
     Args:
         tokenizer: decodes responses (and prompts); ``batch_decode(list[list[int]], skip_special_tokens=True)``.
-        settings: ``num_workers``, ``timeout_s``, ``error_score``, ``max_concurrent``,
-            ``scorer_kwargs``, ``custom_path`` / ``custom_name``.
+        settings: ``num_workers``, ``timeout_s``, ``startup_timeout_s``, ``error_score``,
+            ``max_invalid_fraction``, ``scorer_kwargs``, ``custom_path`` / ``custom_name``.
         scorer: overrides the settings' scorer (the data_source router when neither is given).
 
-    The scorer is imported here, in the run's start-up, so a missing file or function fails now.
+    The pool starts here, in the run's start-up: the scorer is imported (in the zygote, under
+    ``startup_timeout_s``), so a missing, hanging or broken file or function fails now, in one
+    line (``ScorerStartupError``; ``FileNotFoundError`` for a missing file).
     """
 
     def __init__(self, tokenizer: Any, settings: RewardSettings, scorer: ScorerRef | None = None):
         self.tokenizer = tokenizer
         self.settings = settings
         self.scorer = scorer or scorer_ref(settings.custom_path, settings.custom_name)
-        fn = self.scorer.resolve()
-        self.is_async = is_async_scorer(fn)
-        self.wants_prompt = wants_prompt(fn)
-        self._async_fn = fn if self.is_async else None
-        self._pool = None if self.is_async else ScorerPool(self.scorer, settings.num_workers)
+        self._pool = ScorerPool(
+            self.scorer, settings.num_workers, startup_timeout_s=settings.startup_timeout_s
+        )
+        self.is_async = self._pool.info.is_async
+        self.wants_prompt = self._pool.info.wants_prompt
+        if self._pool.info.threads > 1:
+            logger.warning(
+                "reward scorer %s started %d threads while importing; its workers are forked "
+                "from that process, and a worker that inherits a held lock hangs until "
+                "reward.timeout_s kills it",
+                self.scorer.label, self._pool.info.threads - 1,
+            )  # fmt: skip
 
     @property
-    def pool(self) -> ScorerPool | None:
+    def pool(self) -> ScorerPool:
         return self._pool
 
     def score(self, batch: DataProto) -> LoopResult:
-        """Decode and score every row of ``batch``; see :func:`build_calls` for the keys read."""
+        """Decode and score every row of ``batch``; see :func:`build_calls` for the keys read.
+
+        Raises:
+            ScorerFailureError: more than ``max_invalid_fraction`` of the rows (or all) failed.
+        """
         route_key = self.settings.route_key
         calls = build_calls(
             batch,
@@ -247,21 +173,20 @@ class RewardLoop:
         return self.score_calls(calls, uids)
 
     def score_calls(self, calls: Sequence[dict[str, Any]], uids: Sequence[Any]) -> LoopResult:
-        """Score already-built keyword dicts (one per sample); ``uids`` label the log messages."""
+        """Score already-built keyword dicts (one per sample); ``uids`` label the log messages.
+
+        Raises:
+            ScorerFailureError: more than ``max_invalid_fraction`` of the calls (or all) failed.
+        """
         settings = self.settings
-        if self._async_fn is not None:
-            outcomes = run_async_scorer(
-                self._async_fn, calls, settings.timeout_s, settings.max_concurrent
-            )
-        else:
-            assert self._pool is not None
-            outcomes = self._pool.map(calls, settings.timeout_s)
+        outcomes = self._pool.map(calls, settings.timeout_s)
         data_sources = [call.get("data_source") for call in calls]
-        return summarize(outcomes, uids, data_sources, settings.error_score)
+        result = summarize(outcomes, uids, data_sources, settings.error_score)
+        check_failure_share(result, uids, settings.max_invalid_fraction, self.scorer.label)
+        return result
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
+        self._pool.close()
 
     def __enter__(self) -> RewardLoop:
         return self

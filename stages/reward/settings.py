@@ -21,8 +21,10 @@ class RewardSettings:
 
     num_workers: scorer processes of the reward loop, and the divisor the reward model pads to.
     timeout_s: per-sample scoring time limit in seconds (None: unbounded).
+    startup_timeout_s: bound in seconds on importing the scorer's module when the pool starts.
     error_score: the score of a sample whose scorer raised, timed out or returned a non-number.
-    max_concurrent: ``async def`` scorers: samples awaited at once.
+    max_invalid_fraction: the run stops when more than this share of a batch's samples got no
+        score (raised, timed out, invalid); 1.0 stops only when every sample of a batch failed.
     custom_path / custom_name: a custom scorer file and function (None: route by data_source).
     scorer_kwargs: extra keyword arguments passed to every scorer call.
     reward_fn_key: ``data.reward_fn_key``, the column whose value routes each row: ``data_source``
@@ -37,8 +39,9 @@ class RewardSettings:
 
     num_workers: int = 8
     timeout_s: float | None = 60.0
+    startup_timeout_s: float = 60.0
     error_score: float = 0.0
-    max_concurrent: int = 64
+    max_invalid_fraction: float = 1.0
     custom_path: str | None = None
     custom_name: str = "compute_score"
     scorer_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -54,6 +57,14 @@ class RewardSettings:
             raise ValueError(f"reward.num_workers must be >= 1, got {self.num_workers}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError(f"reward.timeout_s must be > 0 seconds or None, got {self.timeout_s}")
+        if self.startup_timeout_s <= 0:
+            raise ValueError(
+                f"reward.startup_timeout_s must be > 0 seconds, got {self.startup_timeout_s}"
+            )
+        if not 0.0 <= self.max_invalid_fraction <= 1.0:
+            raise ValueError(
+                f"reward.max_invalid_fraction must be in [0, 1], got {self.max_invalid_fraction}"
+            )
         if self.combine not in ("replace", "sum"):
             raise ValueError(f"reward combine must be 'replace' or 'sum', got {self.combine!r}")
         if not self.reward_fn_key:
@@ -69,16 +80,23 @@ class RewardSettings:
         return K.DATA_SOURCE if self.reward_fn_key == K.DATA_SOURCE else K.REWARD_ROUTE
 
     @property
+    def routes_by_registry(self) -> bool:
+        """Whether each row's route must name a built-in scorer: the loop runs the router."""
+        return self.uses_loop and self.custom_path is None
+
+    @property
     def uses_loop(self) -> bool:
         """Whether the per-sample reward loop runs (no reward model, or the sum rule)."""
         return not self.reward_model_enable or self.combine == "sum"
 
 
-#: config attributes read by settings_from_config (the reward stage's cache-key inputs)
+#: config attributes read by settings_from_config that can change the reward stage's result (its
+#: cache-key inputs); reward.startup_timeout_s cannot (it only bounds the scorer's import)
 CONFIG_KEYS = (
     "reward.num_workers",
     "reward.timeout_s",
     "reward.error_score",
+    "reward.max_invalid_fraction",
     "reward.custom_reward_function.path",
     "reward.custom_reward_function.name",
     "reward.reward_model.enable",
@@ -99,11 +117,17 @@ FILE_KEYS = (
 
 def settings_from_config(config: Any) -> RewardSettings:
     """The :class:`RewardSettings` of a run config (``stages.config.PPORunConfig``)."""
-    reward = config.reward
+    return settings_from_sections(config.reward, config.data)
+
+
+def settings_from_sections(reward: Any, data: Any) -> RewardSettings:
+    """The :class:`RewardSettings` of a run config's ``reward`` and ``data`` sections."""
     return RewardSettings(
         num_workers=reward.num_workers,
         timeout_s=reward.timeout_s,
+        startup_timeout_s=reward.startup_timeout_s,
         error_score=reward.error_score,
+        max_invalid_fraction=reward.max_invalid_fraction,
         custom_path=reward.custom_reward_function.path,
         custom_name=reward.custom_reward_function.name,
         reward_model_enable=reward.reward_model.enable,
@@ -111,5 +135,5 @@ def settings_from_config(config: Any) -> RewardSettings:
         reward_model_micro_batch=reward.reward_model.micro_batch_size_per_gpu,
         reward_model_trust_remote_code=reward.reward_model.trust_remote_code,
         combine=reward.reward_model.combine,
-        reward_fn_key=config.data.reward_fn_key,
+        reward_fn_key=data.reward_fn_key,
     )

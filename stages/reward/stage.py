@@ -17,6 +17,10 @@ aborted rows), each reward extra as a (B,) object array in ``non_tensor_batch``,
 ``meta_info["reward_extra_keys"]`` (their names). Metrics: ``reward/score_mean`` (over
 non-aborted rows), ``reward/aborted_count``, ``reward/error_count``, ``reward/timeout_count``,
 ``reward/invalid_count`` (loop), ``reward_model/*`` (model), ``reward/time_s``.
+
+A batch in which more than ``reward.max_invalid_fraction`` of the samples got no score (or all
+of them) raises ``ScorerFailureError`` from the loop, with the scorer's first error: the stage
+returns nothing, so no artifact of it is written and earlier steps' artifacts stay as they are.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ SEQ_SCORES = K.SEQ_SCORES
 
 
 def build_reward_engines(settings: RewardSettings, tokenizer: Any) -> dict[str, Any]:
-    """Start-up: the reward loop (imports and checks the scorer, starts the worker pool) and/or
-    the reward model, keyed for ``StageContext.engines``. Close them with :func:`close_reward_engines`."""
+    """Start-up: the reward loop (its zygote imports the scorer under reward.startup_timeout_s,
+    then the workers are forked) and/or the reward model, keyed for ``StageContext.engines``.
+    Close them with :func:`close_reward_engines`."""
     engines: dict[str, Any] = {}
     if settings.uses_loop:
         engines[LOOP_ENGINE] = RewardLoop(tokenizer, settings)
@@ -92,7 +97,11 @@ def _given_scores_delta(batch: DataProto) -> DataProto:
 def compute_reward(
     batch: DataProto, settings: RewardSettings, engines: dict[str, Any]
 ) -> tuple[DataProto, dict[str, float]]:
-    """Score ``batch`` by the configured route; returns the delta and the stage's metrics."""
+    """Score ``batch`` by the configured route; returns the delta and the stage's metrics.
+
+    Raises:
+        ScorerFailureError: the loop's stop rule (module docstring).
+    """
     if not needs_scoring(batch):
         return _given_scores_delta(batch), {"reward/skipped": 1.0}
     start = time.perf_counter()

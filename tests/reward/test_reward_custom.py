@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from stages.reward.custom import (
 )
 from stages.reward.loop import RewardLoop
 from stages.reward.settings import RewardSettings
+from stages.reward.zygote import ScorerStartupError
 
 SCORERS_FILE = Path(__file__).with_name("scorers_for_tests.py")
 
@@ -58,10 +60,20 @@ def test_file_that_fails_to_import(tmp_path):
 
 def test_reward_loop_fails_at_construction(tokenizer, tmp_path):
     settings = RewardSettings(num_workers=1, custom_path=str(SCORERS_FILE), custom_name="missing")
-    with pytest.raises(AttributeError, match="missing"):
+    with pytest.raises(ScorerStartupError, match="AttributeError: scorer 'missing' not found"):
         RewardLoop(tokenizer, settings)
     with pytest.raises(FileNotFoundError):
         RewardLoop(tokenizer, RewardSettings(num_workers=1, custom_path=str(tmp_path / "x.py")))
+
+
+def test_scorer_ref_names_the_file_without_importing_it(tmp_path):
+    never = tmp_path / "never_imported.py"
+    never.write_text("raise SystemExit('imported')\n")
+    ref = scorer_ref(never, "compute_score")
+    assert ref == ScorerRef("compute_score", path=str(never.resolve()))
+    assert not any(getattr(m, "__file__", None) == str(never) for m in list(sys.modules.values()))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        scorer_ref(tmp_path / "absent.py")
 
 
 def test_ref_of_functions():
