@@ -242,8 +242,9 @@ def load_prompt_rows(
 
     Raises:
         FileNotFoundError: a file does not exist (named in the message).
-        ValueError: unknown format, bad JSON, or a row with a missing column or a wrong type
-            (the message names file, row and column, and what was expected).
+        ValueError: unknown format, bad JSON, a file with no rows (named), or a row with a
+            missing column or a wrong type (the message names file, row and column, and what
+            was expected).
     """
     rows: list[PromptRow] = []
     for path in as_path_list(paths):
@@ -251,10 +252,16 @@ def load_prompt_rows(
         if not fs.exists(fs_path):
             raise FileNotFoundError(f"data file not found: {path!r}")
         read = _reader(path)
+        before = len(rows)
         rows.extend(
             validate_record(record, origin, prompt_key, reward_fn_key)
             for origin, record in read(path)
         )
+        if len(rows) == before:
+            raise ValueError(
+                f"data file {path!r} holds no rows; every data file of a split needs at least "
+                "one prompt row (fill it, or remove it from data.train_files / data.val_files)"
+            )
     return rows
 
 

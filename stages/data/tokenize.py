@@ -49,7 +49,7 @@ from tensordict import TensorDict
 
 from dataproto import keys
 from dataproto.protocol import DataProto
-from stages.data.dataset import PromptRow, load_prompt_rows, max_samples_indices
+from stages.data.dataset import PromptRow, as_path_list, load_prompt_rows, max_samples_indices
 
 logger = logging.getLogger(__name__)
 
@@ -322,10 +322,15 @@ def load_prompt_dataset(
     return_raw_chat: bool = True,
 ) -> PromptDataset:
     """`load_prompt_rows`, the ``max_samples`` cap (`max_samples_indices`, before the overlong
-    filter as in verl), then `build_prompt_dataset`: one split, ready for the loader."""
+    filter as in verl), then `build_prompt_dataset`: one split, ready for the loader.
+
+    Raises:
+        ValueError: as `load_prompt_rows` and `build_prompt_dataset`, or when the overlong filter
+            dropped every row (naming the files and the limit).
+    """
     rows = load_prompt_rows(paths, prompt_key=prompt_key, reward_fn_key=reward_fn_key)
     kept = max_samples_indices(len(rows), max_samples, shuffle=shuffle, seed=seed)
-    return build_prompt_dataset(
+    dataset = build_prompt_dataset(
         [rows[i] for i in kept],
         tokenizer,
         max_prompt_length=max_prompt_length,
@@ -335,3 +340,10 @@ def load_prompt_dataset(
         num_workers=num_workers,
         return_raw_chat=return_raw_chat,
     )
+    if len(dataset) == 0:
+        raise ValueError(
+            f"every one of the {len(kept)} prompts of {as_path_list(paths)} is longer than "
+            f"max_prompt_length={max_prompt_length} tokens and data.filter_overlong_prompts "
+            "dropped them all; raise data.max_prompt_length or set data.truncation instead"
+        )
+    return dataset
