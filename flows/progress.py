@@ -10,10 +10,16 @@ remaining steps × the mean ``timing_s/step`` so far. The bar starts at the firs
 :meth:`Progress.validation` or :meth:`Progress.step` call and stops at :meth:`Progress.close`,
 which :meth:`Progress.summary` calls; a run that fails must call ``close`` itself (it is
 idempotent).
+
+With a ``logger`` (the training flow passes Prefect's ``get_run_logger()``), every step's line
+and every validation line also go to it at INFO, with or without the console: that is how they
+reach the flow run's logs in the Prefect UI. The logged text is the one-line form above
+(:func:`step_line`, :func:`validation_line`), also while a bar is shown on the terminal.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
@@ -35,6 +41,41 @@ def _clock(seconds: float) -> str:
         return "-"
     minutes, secs = divmod(round(seconds), 60)
     return f"{minutes}:{secs:02d}"
+
+
+def step_fields(metrics: dict[str, float], eta_seconds: float) -> dict[str, str]:
+    """The formatted columns of a step: score, `` │ kl …`` (or ""), step time, ETA."""
+    kl = next((metrics[k] for k in KL_KEYS if k in metrics), None)
+    return {
+        "score": _fmt(metrics.get(SCORE)),
+        "kl": "" if kl is None else f" │ kl {_fmt(kl, '.4f')}",
+        "step_time": _fmt(metrics.get("timing_s/step", float("nan")), ".1f"),
+        "eta": _clock(eta_seconds),
+    }
+
+
+def step_line(step: int, total: int, fields: dict[str, str]) -> str:
+    """The one-line progress of a step, as printed off a terminal and logged.
+
+    >>> step_line(3, 10, step_fields({SCORE: 0.412, "actor/ppo_kl": 0.0012,
+    ...                               "timing_s/step": 1.4}, 9.8))
+    'step 3/10 │ score 0.412 │ kl 0.0012 │ 1.4 s │ eta 0:10'
+    """
+    return (
+        f"step {step}/{total} │ score {fields['score']}{fields['kl']} │ "
+        f"{fields['step_time']} s │ eta {fields['eta']}"
+    )
+
+
+def validation_line(step: int, score: float, metrics: dict[str, float]) -> str:
+    """The validation line: the mean score and each ``val-core/…`` metric (prefix dropped).
+
+    >>> validation_line(25, 0.291, {"val-core/demo/reward/mean@1": 0.291, "val-aux/x": 1.0})
+    'validation @ step 25: score 0.291 demo/reward/mean@1=0.291'
+    """
+    core = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
+    shown = " ".join(f"{k.removeprefix('val-core/')}={_fmt(v)}" for k, v in core.items())
+    return f"validation @ step {step}: score {_fmt(score)} {shown}".rstrip()
 
 
 def _bar(console: Console) -> rich_progress.Progress:
@@ -59,12 +100,21 @@ class Progress:
         enabled: False prints nothing (``console`` not in ``trainer.logger``).
         console: where to print (default: a new rich Console on stdout); the bar is used when
             ``console.is_terminal``.
+        logger: where the step and validation lines are also logged at INFO (None: nowhere),
+            whether or not ``enabled``.
     """
 
-    def __init__(self, total_steps: int, enabled: bool = True, console: Console | None = None):
+    def __init__(
+        self,
+        total_steps: int,
+        enabled: bool = True,
+        console: Console | None = None,
+        logger: logging.Logger | logging.LoggerAdapter | None = None,
+    ):
         self.console = console or Console(highlight=False, soft_wrap=True)
         self.total = total_steps
         self.enabled = enabled
+        self.logger = logger
         self.start = time.perf_counter()
         self.step_times: list[float] = []
         self._bar: rich_progress.Progress | None = None
@@ -76,33 +126,26 @@ class Progress:
         return self.enabled and self.console.is_terminal
 
     def validation(self, step: int, score: float, metrics: dict[str, float]) -> None:
+        line = validation_line(step, score, metrics)
+        if self.logger is not None:
+            self.logger.info(line)
         if not self.enabled:
             return
         self._start_bar(completed=step)
-        core = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
-        shown = " ".join(f"{k.removeprefix('val-core/')}={_fmt(v)}" for k, v in core.items())
-        self.console.print(f"[bold]validation[/] @ step {step}: score {_fmt(score)} {shown}")
+        self.console.print(line.replace("validation", "[bold]validation[/]", 1))
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
-        seconds = metrics.get("timing_s/step", float("nan"))
-        self.step_times.append(seconds)
+        self.step_times.append(metrics.get("timing_s/step", float("nan")))
+        fields = step_fields(metrics, self.eta_seconds(step))
+        if self.logger is not None:
+            self.logger.info(step_line(step, self.total, fields))
         if not self.enabled:
             return
-        kl = next((metrics[k] for k in KL_KEYS if k in metrics), None)
-        fields = {
-            "score": _fmt(metrics.get(SCORE)),
-            "kl": "" if kl is None else f" │ kl {_fmt(kl, '.4f')}",
-            "step_time": _fmt(seconds, ".1f"),
-            "eta": _clock(self.eta_seconds(step)),
-        }
         if self.uses_bar:
             self._start_bar(completed=step - 1)
             self._bar.update(self._task, completed=step, **fields)
             return
-        self.console.print(
-            f"step {step}/{self.total} │ score {fields['score']}{fields['kl']} │ "
-            f"{fields['step_time']} s │ eta {fields['eta']}"
-        )
+        self.console.print(step_line(step, self.total, fields))
 
     def eta_seconds(self, step: int) -> float:
         """(total − step) × the mean step time so far (NaN until a step time is known)."""
@@ -117,14 +160,20 @@ class Progress:
             self._bar = None
 
     def summary(self, rows: dict[str, Any]) -> None:
-        """Close the bar and print the summary table (wall time first, then ``rows``)."""
+        """Close the bar and print the summary table (wall time first, then ``rows``); with a
+        logger, also log it as one line (``ppoflow train: wall time 0:12 │ steps 2 │ …``)."""
         self.close()
+        rows = {"wall time": _clock(time.perf_counter() - self.start), **rows}
+        cells = {
+            name: value if isinstance(value, str) else _fmt(value) for name, value in rows.items()
+        }
+        if self.logger is not None:
+            self.logger.info("ppoflow train: " + " │ ".join(f"{k} {v}" for k, v in cells.items()))
         if not self.enabled:
             return
         table = Table(title="ppoflow train", show_header=False)
-        rows = {"wall time": _clock(time.perf_counter() - self.start), **rows}
-        for name, value in rows.items():
-            table.add_row(name, value if isinstance(value, str) else _fmt(value))
+        for name, value in cells.items():
+            table.add_row(name, value)
         self.console.print(table)
 
     def _start_bar(self, completed: int) -> None:

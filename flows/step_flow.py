@@ -13,7 +13,17 @@ place.
 
 Flow parameters here are live objects (a batch of tensors, engines, a run store). Prefect would
 normally JSON-encode every parameter for the flow-run record, deep-copying dataclasses on the way
-(a whole batch, even a model); :class:`StepFlow` records a one-line summary of each instead.
+(a whole batch, even a model); :class:`StepFlow` records a one-line summary of each instead
+(:func:`describe_parameter`), which is what the Prefect UI shows as the run's parameters.
+
+The training and re-run flows call ``run_step.fn(...)``: the step runs inside their flow run,
+its stage task runs (``<stage>-step<k>``) sit directly under it, and no flow run is made per
+step. A subflow run per step (``run_step(...)`` inside a flow run, a child run ``step-<k>``)
+would group the tasks in the UI, but costs 7 blocking API calls and, unless heartbeats are off,
+the join of its heartbeat thread (up to 1 s): at the demo size that is far over the 3 % of a step
+the project allows for orchestration (``bench/prefect_subflow.py``, figures in bench/README.md
+and docs/deployment.md, "See the run"). ``run_step`` stays a flow, so a step can also run as a
+flow run of its own (``run_step(...)`` at the top level, as the tests do).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from flows.cache_keys import artifact_key_fingerprints, reordered_fingerprints
 from flows.dag import StepPlan, batch_keys, plan_step
 from flows.run_store import RunStore, StageRecord, StepJournal
 from flows.stage_task import artifact_digest, reuse_stage, run_stage, timer_name
+from stages.config import PPORunConfig
 from stages.stage import KeyRef, Stage, StageContext, tensor
 
 WeightsFingerprints = Mapping[str, str] | Callable[[Stage], str] | None
@@ -49,25 +60,76 @@ class StepResult:
     journal: StepJournal | None = None
 
 
+def describe_config(cfg: PPORunConfig) -> str:
+    """A one-line summary of a resolved run config (a flow parameter given as an object).
+
+    >>> describe_config(PPORunConfig())
+    'PPORunConfig(experiment=default, estimator=gae, steps=from epochs, model=~/models/deepseek-llm-7b-chat)'
+    """
+    steps = cfg.trainer.total_training_steps
+    return (
+        f"PPORunConfig(experiment={cfg.trainer.experiment_name}, "
+        f"estimator={cfg.algorithm.adv_estimator}, "
+        f"steps={'from epochs' if steps is None else steps}, "
+        f"model={cfg.actor_rollout_ref.model.path})"
+    )
+
+
 def describe_parameter(value: Any) -> Any:
-    """A short JSON-ready summary of a flow parameter (what the Prefect UI shows)."""
+    """A short JSON-ready summary of a flow parameter (what the Prefect UI shows).
+
+    JSON scalars, lists of them and string-valued mappings are kept as they are (a config
+    name, ``overrides``, ``run_dir``); a run config, a batch, a stage context, a stage list and
+    a run store become one-line summaries; a callable its qualified name; anything else
+    ``<TypeName>``.
+
+    >>> describe_parameter(["trainer.total_training_steps=2", "data.train_batch_size=4"])
+    ['trainer.total_training_steps=2', 'data.train_batch_size=4']
+    >>> describe_parameter(len), describe_parameter(object())
+    ('<len>', '<object>')
+    """
     if value is None or isinstance(value, bool | int | float | str):
         return value
+    if isinstance(value, PPORunConfig):
+        return describe_config(value)
     if isinstance(value, DataProto):
         return f"DataProto(rows={len(value)}, keys={sorted(map(str, batch_keys(value)))})"
     if isinstance(value, StageContext):
         return f"StageContext(step={value.step}, engines={sorted(value.engines)})"
-    if isinstance(value, list | tuple) and all(isinstance(item, Stage) for item in value):
+    if isinstance(value, list | tuple) and value and all(isinstance(v, Stage) for v in value):
         return [item.name for item in value]
+    if isinstance(value, list | tuple) and all(_is_json_scalar(item) for item in value):
+        return list(value)
     if isinstance(value, RunStore):
         return repr(value)
     if isinstance(value, Mapping) and all(isinstance(item, str) for item in value.values()):
         return dict(value)
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"<{value.__qualname__}>"
     return f"<{type(value).__name__}>"
 
 
+def describe_source(config: Any, overrides: Sequence[str] | None = ()) -> str:
+    """Where a run's config comes from, for the run's first log line: the config parameter
+    (:func:`describe_parameter`) and the number of overrides.
+
+    >>> describe_source("demo-cpu", ["trainer.total_training_steps=2"])
+    'demo-cpu + 1 override'
+    >>> describe_source("configs/grpo.yaml", ())
+    'configs/grpo.yaml'
+    """
+    count = len(overrides or ())
+    more = f" + {count} override" + "s" * (count > 1) if count else ""
+    return f"{describe_parameter(config)}{more}"
+
+
+def _is_json_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float | str)
+
+
 class StepFlow(Flow):
-    """A Flow that records parameter summaries instead of JSON-encoding live objects."""
+    """A Flow that records parameter summaries (:func:`describe_parameter`) instead of
+    JSON-encoding live objects."""
 
     def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         return {name: describe_parameter(value) for name, value in parameters.items()}
