@@ -4,7 +4,9 @@ Layout (verl's, SPEC §6) under ``trainer.default_local_dir``::
 
     global_step_<N>/actor/        the actor engine (stages/engines/checkpoint.py: weights,
     global_step_<N>/critic/       optimizer, lr schedule, RNG states), critic when in use
-    global_step_<N>/data/state.json   the loader position, the KL controller, the weights lineage
+    global_step_<N>/data/state.json   the loader position, the KL controller, the weights lineage,
+                                      the run (``run``: its directory and MLflow run) and the
+                                      step's metrics as published (``step_metrics``)
     latest_checkpointed_iteration.txt  N (written after everything else)
 
 Each engine directory is written atomically by its worker; ``state.json`` by temp + rename; the
@@ -17,6 +19,13 @@ takes ``resume_from_path``, a ``…/global_step_N`` folder. :func:`load_run_chec
 the engines (weights, optimizer, lr schedule, RNG states) and returns the run state; the loader
 position is restored even at an epoch boundary (the loader's state points at the next batch
 there, so the verl 0.9.1 skip is not needed).
+
+The ``run`` entry (:func:`checkpoint_run`: ``run_dir``, ``mlflow_run_id``,
+``mlflow_tracking_uri``, ``mlflow_experiment``) is what lets a resume continue the same MLflow
+run and replay the journaled steps that run lacks, and ``step_metrics`` (:func:`checkpoint_metrics`)
+holds step N's metrics with its validation metrics, which step N's journal does not have: the
+metrics are published after the checkpoint, so a kill right after it can leave them unsent.
+Checkpoints written before these entries existed read as ``{}``.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from flows.run_store import decode_metrics, encode_metrics
 from stages.engines.checkpoint import (
     checkpoint_dir,
     prune_checkpoints,
@@ -38,6 +48,9 @@ from stages.engines.checkpoint import (
 DATA_ROLE = "data"
 STATE_FILE = "state.json"
 CHECKPOINT_ROLES = ("actor", "critic")
+RUN_KEY = "run"  # the run that wrote the checkpoint: run_dir and its MLflow run
+METRICS_KEY = "step_metrics"  # the checkpoint step's metrics as published (encode_metrics)
+RUN_KEYS = ("run_dir", "mlflow_run_id", "mlflow_tracking_uri", "mlflow_experiment")
 
 
 def controller_state(kl_ctrl: Any) -> dict[str, Any] | None:
@@ -95,20 +108,58 @@ def resume_step(trainer: Any) -> tuple[Path, int] | None:
     return path.parent, int(match.group(1))
 
 
-def load_run_checkpoint(root: str | Path, step: int, engines: dict[str, Any]) -> dict[str, Any]:
-    """Restore the engines of ``root/global_step_<step>``; returns its ``state.json`` data."""
+def read_run_state(root: str | Path, step: int) -> dict[str, Any]:
+    """The ``state.json`` data of ``root/global_step_<step>`` (no engine is touched)."""
     state_file = checkpoint_dir(root, step, DATA_ROLE) / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(
             f"checkpoint step {step} under {root} has no {DATA_ROLE}/{STATE_FILE}; it was not "
             "written by ppoflow train (or is incomplete); set trainer.resume_mode=disable"
         )
+    return json.loads(state_file.read_text(encoding="utf-8"))
+
+
+def load_run_checkpoint(root: str | Path, step: int, engines: dict[str, Any]) -> dict[str, Any]:
+    """Restore the engines of ``root/global_step_<step>``; returns its ``state.json`` data."""
+    state = read_run_state(root, step)
     for role in CHECKPOINT_ROLES:
         if role in engines:
             engines[role].call_all(
                 "load_checkpoint", directory=str(checkpoint_dir(root, step, role))
             )
-    return json.loads(state_file.read_text(encoding="utf-8"))
+    return state
+
+
+def checkpoint_run(state: dict[str, Any]) -> dict[str, str | None]:
+    """The run entry of a checkpoint's state (module docstring), every key of :data:`RUN_KEYS`
+    present (None when unknown, or for a checkpoint written before the entry existed).
+
+    >>> checkpoint_run({"global_step": 2})["mlflow_run_id"] is None
+    True
+    """
+    entry = state.get(RUN_KEY) or {}
+    return {key: entry.get(key) for key in RUN_KEYS}
+
+
+def checkpoint_metrics(state: dict[str, Any]) -> dict[str, float]:
+    """The checkpoint step's metrics as published ({} for an older checkpoint).
+
+    >>> checkpoint_metrics({"step_metrics": {"a": 1.0, "b": {"float": "nan"}}})
+    {'a': 1.0, 'b': nan}
+    """
+    return decode_metrics(state.get(METRICS_KEY) or {})
+
+
+def tracking_state(run: dict[str, str | None], metrics: dict[str, float]) -> dict[str, Any]:
+    """The ``run`` and ``step_metrics`` entries of a checkpoint's run state.
+
+    >>> tracking_state({"run_dir": "/r"}, {"a": float("inf")})["step_metrics"]
+    {'a': {'float': 'inf'}}
+    """
+    return {
+        RUN_KEY: {key: run.get(key) for key in RUN_KEYS},
+        METRICS_KEY: encode_metrics(metrics, "checkpoint step metrics"),
+    }
 
 
 def restore_controller(kl_ctrl: Any, state: dict[str, Any] | None) -> None:

@@ -3,6 +3,8 @@
 Layout (``root`` is a local path or any fsspec URL)::
 
     <root>/config.json                 the resolved run config (JSON)
+    <root>/run_info.json               who the run is: its MLflow run id, store and experiment
+                                       (flows/run_identity.py), rewritten on resume
     <root>/step_<k>/input/             the step's input batch (an artifact)
     <root>/step_<k>/<stage>/           each stage's delta (an artifact, dataproto/artifact.py)
     <root>/step_<k>/journal.json       what happened in step k (StepJournal below)
@@ -43,6 +45,9 @@ from flows.cache_keys import jsonable
 Status = Literal["ran", "cached", "skipped"]
 STATUSES = ("ran", "cached", "skipped")
 CONFIG_FILE = "config.json"
+RUN_INFO_FILE = "run_info.json"  # the run's MLflow run and store (flows/run_identity.py)
+#: the keys every run_info.json holds (a value is None when the run has no MLflow run)
+RUN_INFO_REQUIRED = ("mlflow_run_id", "mlflow_tracking_uri", "mlflow_experiment")
 RERUN_FILE = "rerun.json"  # a re-run branch's parent, step, stages and overrides (flows/rerun.py)
 JOURNAL_FILE = "journal.json"
 CODE_DIR = "code"  # code/<fingerprint>.json: the files behind a stage's code fingerprint
@@ -340,6 +345,47 @@ class RunStore:
     def load_config(self) -> dict[str, Any]:
         """The config saved by :meth:`save_config`, as plain JSON data."""
         return self._read_json(f"{self.root}/{CONFIG_FILE}", "config.json")
+
+    def save_run_info(self, info: dict[str, Any]) -> str:
+        """Write ``info`` as ``<root>/run_info.json`` (replacing the file), atomically.
+
+        ``info`` must hold :data:`RUN_INFO_REQUIRED` (``mlflow_run_id``, ``mlflow_tracking_uri``,
+        ``mlflow_experiment``), each a string or None; other JSON keys are kept as given.
+
+        Raises:
+            ValueError: a required key is missing or not a string / None.
+        """
+        problems = [
+            f"{key} is missing" if key not in info else f"{key} is {info[key]!r}"
+            for key in RUN_INFO_REQUIRED
+            if key not in info or not isinstance(info[key], str | None)
+        ]
+        if problems:
+            raise ValueError(
+                f"run_info for {self.root}: {'; '.join(problems)}; expected each of "
+                f"{list(RUN_INFO_REQUIRED)} as a string or None"
+            )
+        return self.save_json(RUN_INFO_FILE, info)
+
+    def load_run_info(self) -> dict[str, Any]:
+        """The ``run_info.json`` written by :meth:`save_run_info`.
+
+        Raises:
+            FileNotFoundError: the run has none (not a run directory, or one written before
+                run_info.json existed); ValueError: it is damaged or lacks a required key.
+        """
+        info = self._read_json(f"{self.root}/{RUN_INFO_FILE}", RUN_INFO_FILE)
+        if not isinstance(info, dict):
+            raise ValueError(
+                f"{self.root}/{RUN_INFO_FILE} holds a {type(info).__name__}; expected an object"
+            )
+        missing = [key for key in RUN_INFO_REQUIRED if key not in info]
+        if missing:
+            raise ValueError(
+                f"{self.root}/{RUN_INFO_FILE} lacks {missing} (it holds {sorted(info)}); "
+                "it was not written by ppoflow train"
+            )
+        return info
 
     def save_json(self, name: str, data: Any) -> str:
         """Write ``data`` as ``<root>/<name>`` (one file name, e.g. ``rerun.json``), atomically."""
