@@ -1,14 +1,20 @@
 """One run's metrics fanned out to every sink ``trainer.logger`` lists (stages/metrics/sinks.py).
 
-:func:`open_sinks` builds each listed sink through its registry entry's factory and logs the
-resolved config once; :class:`MetricSinks` then gives every sink the same calls:
+:func:`open_sinks` builds each listed sink through its registry entry's factory, hands it the
+resumed run (if any) and the run's tags, and logs the resolved config once; :class:`MetricSinks`
+then gives every sink the same calls:
 
+* ``continue_run(resumed)`` first, for a training resumed from a checkpoint
+  (:class:`ResumedRun`): MLflow continues the checkpoint's run and fills in its history
+  (flows/mlflow_logger.py); W&B and TensorBoard ignore it (a resumed W&B run is a new run);
+* ``set_tags(tags)`` (flows/run_identity.py ``run_tags``): MLflow only;
 * ``log_params(config)`` once, at the start (MLflow: flattened params and ``config.json``;
   TensorBoard: the config as a text summary; W&B: a no-op, ``wandb.init`` got the config);
 * ``log_metrics(metrics, step)``, the same dict for every sink, once per step (the publishing
   thread, flows/publisher.py) and once for the validation before training (step 0 or N);
-* ``log_dict(data, artifact_file)`` for the validation generations and ``log_plots(history)`` at
-  the end: MLflow only (W&B and TensorBoard ignore both and draw their own charts);
+* ``log_table(rows, artifact_file)`` for the validation generations, ``log_dict(data,
+  artifact_file)`` and ``log_plots(history)`` at the end: MLflow only (W&B and TensorBoard
+  ignore them and draw their own charts);
 * ``close(status)``, ``"FINISHED"`` or ``"FAILED"``, at the end.
 
 Failures. Outages stay each sink's own business, as in :class:`flows.mlflow_logger.MLflowLogger`,
@@ -17,7 +23,7 @@ and re-sends uploads itself, and offline it only writes local files; TensorBoard
 files from its own thread. What does reach the fan-out is therefore not an outage, and it is
 treated by when it happens:
 
-* while a sink opens or logs the config: raised, after the sinks already opened are closed as
+* while a sink opens, continues, takes its tags or logs the config: raised, after the sinks already opened are closed as
   ``FAILED``; the setup is wrong, and no step has been computed yet;
 * later (a step's metrics, generations, plots): the sink is *retired*. One warning names it, with
   the error's traceback; every other sink still gets this call and each later one, so one broken
@@ -51,6 +57,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,14 +68,38 @@ log = logging.getLogger(__name__)
 PENDING_SUFFIX = "_pending.jsonl"
 
 
+@dataclass(frozen=True)
+class ResumedRun:
+    """What a training resumed from a checkpoint tells its sinks (``flows.train.resume``).
+
+    Attributes:
+        step: the checkpoint's step N; the training continues at N + 1.
+        mlflow_run_id: the MLflow run the checkpoint recorded (None: none was recorded).
+        mlflow_tracking_uri: the store that run is in.
+        history: step → metrics of the steps ≤ N the checkpoint's run journaled
+            (flows/run_identity.py ``resume_history``), for a sink to fill in what it lacks.
+    """
+
+    step: int
+    mlflow_run_id: str | None = None
+    mlflow_tracking_uri: str | None = None
+    history: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+
+
 class MetricSink(Protocol):
     """What the fan-out calls; ``MLflowLogger`` has it all, :class:`SinkDefaults` the optional part."""
 
     run_id: str | None  # the tracking run's id, None for a sink without one
 
+    def continue_run(self, resumed: ResumedRun) -> None: ...
+
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
+
     def log_params(self, config: Any) -> None: ...
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def log_table(self, rows: list[Mapping[str, Any]], artifact_file: str) -> None: ...
 
     def log_dict(self, data: Any, artifact_file: str) -> None: ...
 
@@ -78,11 +109,21 @@ class MetricSink(Protocol):
 
 
 class SinkDefaults:
-    """No run id, and no-op ``log_params`` / ``log_dict`` / ``log_plots``, for a sink without them."""
+    """No run id, and no-op ``continue_run`` / ``set_tags`` / ``log_params`` / ``log_table`` /
+    ``log_dict`` / ``log_plots``, for a sink without them."""
 
     run_id: str | None = None
 
+    def continue_run(self, resumed: ResumedRun) -> None:
+        return None
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        return None
+
     def log_params(self, config: Any) -> None:
+        return None
+
+    def log_table(self, rows: list[Mapping[str, Any]], artifact_file: str) -> None:
         return None
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
@@ -110,6 +151,15 @@ class MetricSinks:
         """Sink name → its tracking run's id, for the sinks that have one now."""
         return {name: sink.run_id for name, sink in self.sinks.items() if sink.run_id is not None}
 
+    def open(self, config: Any, tags: Mapping[str, str], resumed: ResumedRun | None = None) -> None:
+        """Start every sink: ``continue_run`` (when resumed), ``set_tags``, ``log_params``; an
+        error is raised (nothing computed yet)."""
+        for sink in self.sinks.values():
+            if resumed is not None:
+                sink.continue_run(resumed)
+            sink.set_tags(tags)
+            sink.log_params(config)
+
     def log_params(self, config: Any) -> None:
         """The resolved config, once, to every sink; an error is raised (nothing computed yet)."""
         for sink in self.sinks.values():
@@ -118,6 +168,9 @@ class MetricSinks:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """``metrics`` at ``step`` to every sink; a failing or retired one gets a pending row."""
         self._each(lambda sink: sink.log_metrics(metrics, step), f"step {step}", (metrics, step))
+
+    def log_table(self, rows: list[Mapping[str, Any]], artifact_file: str) -> None:
+        self._each(lambda sink: sink.log_table(rows, artifact_file), artifact_file)
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
         self._each(lambda sink: sink.log_dict(data, artifact_file), artifact_file)
@@ -178,12 +231,20 @@ class MetricSinks:
 # --- opening ---------------------------------------------------------------------------------
 
 
-def open_sinks(cfg: Any, run_dir: str | None) -> MetricSinks:
-    """The sinks ``cfg.trainer.logger`` lists (those with a factory), with the config logged.
+def open_sinks(
+    cfg: Any,
+    run_dir: str | None,
+    tags: Mapping[str, str] | None = None,
+    resumed: ResumedRun | None = None,
+) -> MetricSinks:
+    """The sinks ``cfg.trainer.logger`` lists (those with a factory), started
+    (:meth:`MetricSinks.open`: the resumed run, the tags, the config).
 
     Args:
         cfg: the resolved ``PPORunConfig``.
         run_dir: the local run directory, None when the run store is remote.
+        tags: the run's tags (flows/run_identity.py ``run_tags``); None = none.
+        resumed: the checkpoint a resumed training continues from; None for a fresh run.
     """
     sinks: dict[str, MetricSink] = {}
     try:
@@ -192,7 +253,7 @@ def open_sinks(cfg: Any, run_dir: str | None) -> MetricSinks:
             if factory is not None and name not in sinks:
                 sinks[name] = import_factory(name, factory)(cfg, run_dir)
         opened = MetricSinks(sinks, run_dir)
-        opened.log_params(cfg)
+        opened.open(cfg, tags or {}, resumed)
     except BaseException:
         MetricSinks(sinks, run_dir).close("FAILED")
         raise
@@ -215,14 +276,18 @@ def import_factory(name: str, path: str) -> Callable[[Any, str | None], MetricSi
 
 
 def open_mlflow_sink(cfg: Any, run_dir: str | None) -> MetricSink:
-    """``mlflow``: an :class:`~flows.mlflow_logger.MLflowLogger` (experiment = project_name, run =
-    experiment_name; store ``ppoflow.mlflow_tracking_uri``, else ``MLFLOW_TRACKING_URI``, else
-    ``<run_dir>/mlflow.db``)."""
+    """``mlflow``: a deferred :class:`~flows.mlflow_logger.MLflowLogger` (experiment =
+    project_name, run = experiment_name) in the store of
+    :func:`flows.mlflow_store.select_tracking_uri`: ``ppoflow.mlflow_tracking_uri``, else
+    ``MLFLOW_TRACKING_URI``, else the project store ``<ppoflow.artifact_dir>/mlflow.db``. Its
+    run is created (or continued, :meth:`MetricSinks.open`) at the first call."""
     from flows.mlflow_logger import MLflowLogger
+    from flows.mlflow_store import select_tracking_uri
 
     return MLflowLogger(
         cfg.trainer.project_name,
         cfg.trainer.experiment_name,
         run_dir=run_dir,
-        tracking_uri=cfg.ppoflow.mlflow_tracking_uri,
+        tracking_uri=select_tracking_uri(cfg.ppoflow.mlflow_tracking_uri, cfg.ppoflow.artifact_dir),
+        deferred=True,
     )

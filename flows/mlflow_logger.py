@@ -2,16 +2,35 @@
 
 * Experiment = ``trainer.project_name``, run name = ``trainer.experiment_name``; with
   ``MLFLOW_RUN_ID`` set (or ``run_id=``) the logger attaches to that run instead of creating one
-  (and leaves its status to its owner).
+  (and leaves its status to its owner). Two runs that create the experiment at once both use it.
 * Tracking URI: the ``tracking_uri`` argument, else ``MLFLOW_TRACKING_URI``, else a SQLite file
-  inside the run directory (``<run_dir>/mlflow.db``, artifacts in ``<run_dir>/mlflow-artifacts``).
+  in ``run_dir``. The training flow always passes the store of flows/mlflow_store.py (config key,
+  env var, else the project store ``<ppoflow.artifact_dir>/mlflow.db``, artifacts in
+  ``<ppoflow.artifact_dir>/mlflow-artifacts``); a local SQLite file is created under a lock, so
+  runs starting together do not race MLflow's schema migrations.
+* Continuing a run (:meth:`MLflowLogger.continue_run`, a training resumed from a checkpoint):
+  the run the checkpoint recorded, when it is in this logger's store, is marked ``RUNNING`` again
+  and gets the rest of the steps; otherwise a new run starts. Either way the run's history is
+  made whole and kept free of repeats: the steps it already holds (read back from the history of
+  ``training/global_step``) are not logged again, and the checkpoint's journaled steps it lacks
+  are replayed — so a step whose metrics a ``kill -9`` lost, or one the killed process had logged
+  after its last checkpoint, is in the history exactly once (the first values logged stay).
+  Params it already holds are not logged again; params whose value changed on resume cannot be
+  (MLflow forbids it): they are listed in the tag ``ppoflow.changed_params``, and the resumed
+  config is the artifact ``config_resumed_step_<N>.json``.
 * Params: the resolved config flattened to dotted keys; a value longer than MLflow's limit
   (6000 characters) is truncated with a note saying so, and the full config is logged as the
   artifact ``config.json``.
 * Metrics: one ``log_batch`` per step (20× faster than one call per metric on SQLite), with
   ``step=global_step``. Names are sanitized one-to-one (stages/metrics/naming.py); the mapping
   sanitized → original is the artifact ``metric_names.json`` and each metric's description
-  (stages/metrics/catalog.py) is ``metric_descriptions.json``, rewritten when new names appear.
+  (stages/metrics/catalog.py) is ``metric_descriptions.json``, rewritten when new names appear,
+  together with the run description (tag ``mlflow.note.content``, flows/run_description.py): a
+  header from the run's tags (:meth:`MLflowLogger.set_tags`) and a table of what each logged
+  metric measures and its denominator.
+* Tables: :meth:`MLflowLogger.log_table` logs rows with ``MlflowClient.log_table`` (MLflow's
+  table artifact, which the UI renders as a table); a file the run already holds is not logged
+  again (``log_table`` would append to it), so a resumed run does not repeat a table.
 * Plots: :meth:`MLflowLogger.log_plots` renders the end-of-run reward / response length / KL
   plots (flows/plots.py) and logs them as ``plots/<name>.png``.
 * Outages: every call goes through a queue. When the server cannot be reached (connection
@@ -34,25 +53,32 @@ import json
 import logging
 import math
 import os
+import posixpath
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import (
     MAX_METRICS_PER_BATCH,
     MAX_PARAM_VAL_LENGTH,
     MAX_PARAMS_TAGS_PER_BATCH,
+    MAX_TAG_VAL_LENGTH,
 )
 
 from flows.cache_keys import jsonable
+from flows.mlflow_store import artifact_location, creation_lock, default_tracking_uri
 from flows.plots import PlotReport, write_run_plots
+from flows.run_description import NOTE_TAG, description_markdown
 from stages.metrics.catalog import describe_metric
-from stages.metrics.naming import sanitize_metric_name
+from stages.metrics.naming import restore_metric_name, sanitize_metric_name
+
+if TYPE_CHECKING:
+    from flows.metric_sinks import ResumedRun
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +87,11 @@ DESCRIPTIONS_ARTIFACT = "metric_descriptions.json"
 CONFIG_ARTIFACT = "config.json"
 PENDING_FILE = "mlflow_pending.jsonl"
 PLOTS_ARTIFACT_DIR = "plots"
+#: the metric whose history says which steps a run holds (every training step logs it)
+STEP_METRIC = "training/global_step"
+CHANGED_PARAMS_TAG = "ppoflow.changed_params"
 TRANSIENT_ERROR_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"}
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
-
-
-def default_tracking_uri(run_dir: str | os.PathLike) -> str:
-    """``sqlite:///<abs run_dir>/mlflow.db`` (the directory is created)."""
-    if "://" in os.fspath(run_dir):
-        raise ValueError(
-            f"run_dir {os.fspath(run_dir)!r} is not a local path, so it cannot hold the default "
-            "SQLite store; pass tracking_uri or set MLFLOW_TRACKING_URI"
-        )
-    root = Path(run_dir).absolute()
-    root.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{root / 'mlflow.db'}"
 
 
 def flatten_config(config: Any) -> dict[str, str]:
@@ -108,6 +125,15 @@ def truncate_param(value: str, limit: int = MAX_PARAM_VAL_LENGTH) -> str:
     return (value[: max(limit - len(note), 0)] + note)[:limit]
 
 
+def truncate_tag(value: str, limit: int = MAX_TAG_VAL_LENGTH) -> str:
+    """``value`` cut to MLflow's tag length limit, ending with ``…`` when cut.
+
+    >>> truncate_tag("abcdef", limit=4)
+    'abc…'
+    """
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether ``error`` means "the store is unreachable now" (queue and retry later)."""
     if isinstance(error, MlflowException):
@@ -118,6 +144,26 @@ def is_transient(error: BaseException) -> bool:
     from sqlalchemy.exc import OperationalError
 
     return isinstance(error, RequestException | OperationalError)
+
+
+def changed_params_text(changed: Mapping[str, tuple[str, str]]) -> str:
+    """The ``ppoflow.changed_params`` tag: one ``key: old → new`` line per changed param.
+
+    >>> print(changed_params_text({"trainer.total_training_steps": ("4", "6")}))
+    trainer.total_training_steps: 4 → 6
+    """
+    return "\n".join(f"{key}: {old} → {new}" for key, (old, new) in sorted(changed.items()))
+
+
+def table_columns(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Rows as columns (every key of any row, in first-seen order; a missing cell is None).
+
+    >>> table_columns([{"step": 1, "output": "a"}, {"step": 1, "score": 0.5}])
+    {'step': [1, 1], 'output': ['a', None], 'score': [None, 0.5]}
+    """
+    rows = list(rows)
+    names = dict.fromkeys(name for row in rows for name in row)
+    return {name: [row.get(name) for row in rows] for name in names}
 
 
 def _describe(name: str) -> str:
@@ -133,10 +179,13 @@ class MLflowLogger:
     Args:
         project: experiment name (``trainer.project_name``).
         experiment: run name (``trainer.experiment_name``).
-        run_dir: the run directory; holds the default SQLite store and the pending-metrics file.
+        run_dir: the run directory; holds the pending-metrics file, and the SQLite store when
+            neither ``tracking_uri`` nor ``MLFLOW_TRACKING_URI`` names one.
         tracking_uri: overrides ``MLFLOW_TRACKING_URI`` and the default.
         run_id: attach to this run (default: ``MLFLOW_RUN_ID`` when set).
         retry_interval_s: how long to wait after a failure before the next attempt.
+        deferred: create (or attach to) the run at the first call instead of now, so that
+            :meth:`continue_run` can name an existing run first.
     """
 
     def __init__(
@@ -148,6 +197,7 @@ class MLflowLogger:
         tracking_uri: str | None = None,
         run_id: str | None = None,
         retry_interval_s: float = 30.0,
+        deferred: bool = False,
     ) -> None:
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
@@ -162,14 +212,21 @@ class MLflowLogger:
         self.run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or None
         self._owns_run = self.run_id is None
         self._attached = False
-        self._client = MlflowClient(tracking_uri=uri)
+        with creation_lock(uri):  # building the client creates a missing SQLite store
+            self._client = MlflowClient(tracking_uri=uri)
         self._queue: list[tuple[str, Any]] = []
         self._names: dict[str, str] = {}  # sanitized → original
         self._names_dirty = False
+        self._tags: dict[str, str] = {}
+        self._params: dict[str, str] | None = None  # the run's params, read when continuing
+        self._held_steps: set[int] = set()  # steps a continued run holds: not logged again
+        self._resumed_step: int | None = None
+        self._continuing = False  # run_id came from a checkpoint (continue_run)
         self._retry_interval_s = retry_interval_s
         self._next_attempt = 0.0
         self._in_outage = False
-        self._drain(force=True)
+        if not deferred:
+            self._drain(force=True)
 
     # --- public API ---
 
@@ -178,13 +235,47 @@ class MLflowLogger:
         """Number of queued metric values (0 when everything reached the store)."""
         return sum(len(item) for kind, item in self._queue if kind == "metrics")
 
+    def continue_run(self, resumed: ResumedRun) -> None:
+        """Continue the run a checkpoint recorded, or fill a new run's history (module docstring).
+
+        Call it on a ``deferred`` logger before anything else: then the recorded run, when it
+        is in this store, becomes this logger's run (owned: marked RUNNING now, FINISHED or
+        FAILED at :meth:`close`). On a logger whose run exists already it only replays. The
+        history is read and the missing steps replayed on the queue, so an outage delays them
+        like any other call.
+        """
+        same_store = resumed.mlflow_tracking_uri == self.tracking_uri
+        if self.run_id is None and resumed.mlflow_run_id and same_store:
+            self.run_id, self._owns_run, self._continuing = resumed.mlflow_run_id, True, True
+        elif resumed.mlflow_run_id:
+            log.info(
+                "MLflow: the checkpoint's run %s is in %s, this run logs to %s: a new run gets "
+                "its steps 1–%d replayed",
+                resumed.mlflow_run_id,
+                resumed.mlflow_tracking_uri,
+                self.tracking_uri,
+                resumed.step,
+            )
+        self._resumed_step = resumed.step
+        history = {int(k): dict(v) for k, v in resumed.history.items()}
+        self._queue.append(("call", lambda rid: self._catch_up(rid, history)))
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Set run tags (values cut to MLflow's 8000 characters); they also head the run's
+        description, which is rewritten."""
+        self._tags.update({str(k): str(v) for k, v in tags.items()})
+        batch = [RunTag(key, truncate_tag(value)) for key, value in self._tags.items()]
+        self._queue.append(("call", lambda rid: self._client.log_batch(rid, tags=batch)))
+        self._names_dirty = True
+        self._drain()
+
     def log_params(self, config: Any) -> None:
-        """Log the flattened config as params (truncated with a note) and ``config.json``."""
-        params = [Param(k, truncate_param(v)) for k, v in flatten_config(config).items()]
-        for start in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
-            chunk = params[start : start + MAX_PARAMS_TAGS_PER_BATCH]
-            self._queue.append(("call", lambda rid, c=chunk: self._client.log_batch(rid, params=c)))
-        self.log_dict(jsonable(config, "config"), CONFIG_ARTIFACT)
+        """Log the flattened config as params (truncated with a note) and ``config.json``
+        (module docstring: a continued run's changed params)."""
+        params = {key: truncate_param(value) for key, value in flatten_config(config).items()}
+        data = jsonable(config, "config")
+        self._queue.append(("call", lambda rid: self._send_params(rid, params, data)))
+        self._drain()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Log ``metrics`` at ``step`` (one ``log_batch``); names sanitized one-to-one."""
@@ -202,6 +293,13 @@ class MLflowLogger:
     def log_dict(self, data: Any, artifact_file: str) -> None:
         """Log JSON data as an artifact file."""
         self._queue.append(("call", lambda rid: self._client.log_dict(rid, data, artifact_file)))
+        self._drain()
+
+    def log_table(self, rows: list[Mapping[str, Any]], artifact_file: str) -> None:
+        """Log rows as MLflow's table artifact ``artifact_file`` (``.json``), unless the run
+        already holds that file (module docstring)."""
+        columns = table_columns(rows)
+        self._queue.append(("call", lambda rid: self._send_table(rid, columns, artifact_file)))
         self._drain()
 
     def log_text(self, text: str, artifact_file: str) -> None:
@@ -245,7 +343,8 @@ class MLflowLogger:
         return not self._queue and not self._names_dirty
 
     def close(self, status: str = "FINISHED") -> None:
-        """Flush, save what could not be sent, and end the run (only a run this logger created)."""
+        """Flush, save what could not be sent, and end the run (only a run this logger created
+        or continued)."""
         if self.flush() and self._owns_run and self.run_id is not None:
             try:
                 self._client.set_terminated(self.run_id, status)
@@ -261,36 +360,114 @@ class MLflowLogger:
     def __exit__(self, exc_type: Any, *rest: Any) -> None:
         self.close("FAILED" if exc_type is not None else "FINISHED")
 
-    # --- the queue ---
+    # --- the run ---
 
     def _ensure_run(self) -> str:
         if self.run_id is not None and not self._attached:
-            self._client.get_run(self.run_id)  # attach: the run must exist
+            if self._continuing:
+                self.run_id = self._continuable(self.run_id)
+            else:
+                self._client.get_run(self.run_id)  # attach: the run must exist
             self._attached = True
         if self.run_id is None:
             self.run_id = self._create_run()
             self._attached = True
         return self.run_id
 
+    def _continuable(self, run_id: str) -> str | None:
+        """``run_id`` when the store still has it (not deleted), else None (a new run)."""
+        try:
+            run = self._client.get_run(run_id)
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            run = None
+        if run is not None and run.info.lifecycle_stage != "deleted":
+            return run_id
+        log.warning(
+            "MLflow: the checkpoint's run %s is not in %s (deleted?); a new run continues it",
+            run_id,
+            self.tracking_uri,
+        )
+        self._continuing = False
+        return None
+
     def _create_run(self) -> str:
         found = self._client.get_experiment_by_name(self.project)
-        if found is not None:
-            experiment_id = found.experiment_id
-        else:
-            experiment_id = self._client.create_experiment(
-                self.project, artifact_location=self._artifact_location()
-            )
-        return self._client.create_run(experiment_id, run_name=self.experiment).info.run_id
+        if found is None:
+            try:
+                self._client.create_experiment(
+                    self.project, artifact_location=artifact_location(self.tracking_uri)
+                )
+            except MlflowException as err:  # another run created it a moment ago
+                if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            found = self._client.get_experiment_by_name(self.project)
+        return self._client.create_run(found.experiment_id, run_name=self.experiment).info.run_id
 
-    def _artifact_location(self) -> str | None:
-        """Beside the SQLite file for a local SQLite store; the server's default otherwise."""
-        if not self.tracking_uri.startswith("sqlite:///"):
-            return None
-        db_file = Path(self.tracking_uri.removeprefix("sqlite:///"))
-        return (db_file.parent / "mlflow-artifacts").absolute().as_uri()
+    def _catch_up(self, run_id: str, history: dict[int, dict[str, float]]) -> None:
+        """Mark a continued run RUNNING, read what it holds, replay the steps it lacks."""
+        run = self._client.get_run(run_id)
+        if self._owns_run and run.info.status != "RUNNING":
+            self._client.update_run(run_id, status="RUNNING")
+        self._params = dict(run.data.params)
+        for safe in run.data.metrics:
+            self._names.setdefault(safe, restore_metric_name(safe))
+        held = {point.step for point in self._client.get_metric_history(run_id, STEP_METRIC)}
+        missing = [step for step in sorted(history) if step not in held]
+        for step in missing:
+            now = int(time.time() * 1000)
+            entries = []
+            for name, value in history[step].items():
+                safe = sanitize_metric_name(name)
+                self._names.setdefault(safe, name)
+                entries.append(Metric(safe, float(value), now, step))
+            for start in range(0, len(entries), MAX_METRICS_PER_BATCH):
+                chunk = entries[start : start + MAX_METRICS_PER_BATCH]
+                self._client.log_batch(run_id, metrics=chunk)
+        self._held_steps = held | set(missing)
+        self._names_dirty = True
+        log.info(
+            "MLflow: run %s continues after step %s; it held %d steps, %d replayed from the "
+            "journals (%s)",
+            run_id,
+            self._resumed_step,
+            len(held),
+            len(missing),
+            missing or "none",
+        )
+
+    def _send_params(self, run_id: str, params: dict[str, str], config: Any) -> None:
+        known = self._params or {}
+        new = [Param(key, value) for key, value in params.items() if key not in known]
+        changed = {
+            key: (known[key], value)
+            for key, value in params.items()
+            if key in known and known[key] != value
+        }
+        for start in range(0, len(new), MAX_PARAMS_TAGS_PER_BATCH):
+            self._client.log_batch(run_id, params=new[start : start + MAX_PARAMS_TAGS_PER_BATCH])
+        if changed:
+            self._client.set_tag(
+                run_id, CHANGED_PARAMS_TAG, truncate_tag(changed_params_text(changed))
+            )
+        artifact = CONFIG_ARTIFACT
+        if self._continuing:
+            artifact = f"config_resumed_step_{self._resumed_step}.json"
+        self._client.log_dict(run_id, config, artifact)
+
+    def _send_table(self, run_id: str, columns: dict[str, list[Any]], artifact_file: str) -> None:
+        folder = posixpath.dirname(artifact_file) or None
+        if any(item.path == artifact_file for item in self._client.list_artifacts(run_id, folder)):
+            log.info("MLflow: run %s holds %s already; not logged again", run_id, artifact_file)
+            return
+        self._client.log_table(run_id, data=columns, artifact_file=artifact_file)
+
+    # --- the queue ---
 
     def _next_batch(self) -> tuple[str, Callable[[str], Any], int]:
-        """(kind, operation, queue entries it covers); consecutive metric entries are merged."""
+        """(kind, operation, queue entries it covers); consecutive metric entries are merged,
+        and a step a continued run holds already is left out."""
         kind, item = self._queue[0]
         if kind == "call":
             return kind, item, 1
@@ -304,8 +481,9 @@ class MLflowLogger:
             merged, used = entries, 1
 
         def send(rid: str) -> None:
-            for start in range(0, len(merged), MAX_METRICS_PER_BATCH):
-                self._client.log_batch(rid, metrics=merged[start : start + MAX_METRICS_PER_BATCH])
+            fresh = [metric for metric in merged if metric.step not in self._held_steps]
+            for start in range(0, len(fresh), MAX_METRICS_PER_BATCH):
+                self._client.log_batch(rid, metrics=fresh[start : start + MAX_METRICS_PER_BATCH])
 
         return kind, send, used
 
@@ -319,7 +497,7 @@ class MLflowLogger:
                 operation(run_id)
                 del self._queue[:used]
             if self._names_dirty:
-                self._log_names(run_id)
+                self._log_descriptions(run_id)
         except Exception as err:
             if not is_transient(err):
                 raise
@@ -345,10 +523,13 @@ class MLflowLogger:
             path.write_bytes(data)
             self._client.log_artifact(run_id, str(path), artifact_path)
 
-    def _log_names(self, run_id: str) -> None:
+    def _log_descriptions(self, run_id: str) -> None:
+        """The name mapping, each name's description and the run description (module doc)."""
         descriptions = {name: _describe(name) for name in self._names.values()}
         self._client.log_dict(run_id, dict(sorted(self._names.items())), NAMES_ARTIFACT)
         self._client.log_dict(run_id, dict(sorted(descriptions.items())), DESCRIPTIONS_ARTIFACT)
+        note = description_markdown(self._names.values(), self._tags, self.experiment)
+        self._client.set_tag(run_id, NOTE_TAG, note)
         self._names_dirty = False
 
     def _save_pending(self) -> None:
@@ -377,3 +558,12 @@ class MLflowLogger:
             where,
             others,
         )
+
+
+__all__ = [
+    "MLflowLogger",
+    "default_tracking_uri",
+    "flatten_config",
+    "is_transient",
+    "truncate_param",
+]

@@ -141,7 +141,10 @@ class PPOFlowConfig(ConfigModel):
         description="Root of the run directories (stage artifacts); a local path or fsspec URL (path)",
     )
     mlflow_tracking_uri: str | None = Field(
-        None, description="MLflow tracking URI; null = a SQLite file inside the run directory (URI)"
+        None,
+        description="MLflow tracking URI; wins over MLFLOW_TRACKING_URI; null with that unset = "
+        "the project store <artifact_dir>/mlflow.db, artifacts in <artifact_dir>/mlflow-artifacts "
+        "(URI)",
     )
     cache: bool = Field(
         True, description="Reuse a stage's stored output when its cache key matches (bool)"
