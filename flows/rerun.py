@@ -17,7 +17,18 @@
    recomputes them regardless;
 5. the step's metrics (the stages', and data / timing / throughput when the batch reached the
    advantage stage) are compared with the parent's journal: :func:`metric_diff` (with ``--to``,
-   only the metrics the re-run produced; metrics of the stages after it are not changes).
+   only the metrics the re-run produced; metrics of the stages after it are not changes);
+6. with ``mlflow`` in ``trainer.logger``, the branch is an MLflow run (:func:`log_branch_run`)
+   in the parent's experiment (``trainer.project_name``) and, unless
+   ``ppoflow.mlflow_tracking_uri`` or ``MLFLOW_TRACKING_URI`` names another, in the store the
+   parent's run_info.json records (else the project store, flows/mlflow_store.py); run name
+   ``<experiment_name>-rerun-step<K>-<from>``; tags ``ppoflow.parent_run_dir``,
+   ``ppoflow.parent_mlflow_run_id`` and ``mlflow.parentRunId`` (when the parent recorded its
+   run, and it is in the same store, so the MLflow UI nests the branch under it),
+   ``ppoflow.rerun.*`` (step, from, to, overrides) and the training runs' tags
+   (flows/run_identity.py); the branch config as params; the step's metrics at step K; and the
+   metric diff as the table artifact ``metric_diff.json`` (metric, original, re-run, delta).
+   The branch directory gets a run_info.json naming that run.
 
 Engines are built lazily (:class:`LazyEngines`): only a stage that actually computes touches
 one. Weight-reading stages need the weights at the start of step k: the initial model for step
@@ -50,7 +61,8 @@ from flows.engines import (
     close_engines,
     roles_for,
 )
-from flows.run_store import CONFIG_FILE, RERUN_FILE, RunStore, StepJournal
+from flows.run_identity import CACHE_HITS, run_info, run_tags
+from flows.run_store import CONFIG_FILE, RERUN_FILE, RUN_INFO_FILE, RunStore, StepJournal
 from flows.step_flow import StepFlow, StepResult, run_step
 from flows.train import step_metrics
 from stages.config import PPORunConfig, apply_overrides
@@ -70,6 +82,9 @@ TIMING_PREFIXES = (
     "perf/",
     "reward/time_s",
 )
+#: metrics no diff compares: how the step was computed, not what it computed (a branch hits the
+#: cache by design)
+UNCOMPARED = (CACHE_HITS,)
 
 
 # --- which stages --------------------------------------------------------------------------------
@@ -269,9 +284,13 @@ def _same(a: float | None, b: float | None) -> bool:
 def compared_names(
     before: Mapping[str, float], after: Mapping[str, float], include_timing: bool = False
 ) -> list[str]:
-    """The metric names a diff compares: both sides' names, sorted, wall-time ones only with
-    ``include_timing``."""
-    names = sorted(set(before) | set(after))
+    """The metric names a diff compares: both sides' names but :data:`UNCOMPARED`, sorted,
+    wall-time ones only with ``include_timing``.
+
+    >>> compared_names({"a": 1.0, "ppoflow/cache_hits": 0.0}, {"timing_s/gen": 1.0, "a": 2.0})
+    ['a']
+    """
+    names = sorted((set(before) | set(after)) - set(UNCOMPARED))
     if include_timing:
         return names
     return [name for name in names if not name.startswith(TIMING_PREFIXES)]
@@ -326,6 +345,7 @@ class RerunResult:
     changes: list[MetricChange]
     unchanged: int
     engines_built: list[str] = field(default_factory=list)
+    mlflow_run_id: str | None = None  # the branch's MLflow run (None without an MLflow sink)
 
 
 def default_rerun_dir(parent_dir: str, step: int, from_stage: str) -> str:
@@ -393,6 +413,73 @@ def open_branch(parent: RunStore, cfg: PPORunConfig, new_dir: str, info: dict) -
     return store
 
 
+# --- the branch in MLflow ------------------------------------------------------------------------
+
+
+def diff_rows(changes: Sequence[MetricChange]) -> list[dict[str, Any]]:
+    """The metric diff as table rows (``metric``, ``original``, ``re-run``, ``delta``).
+
+    >>> diff_rows([MetricChange("a", 1.0, 3.0), MetricChange("b", None, 0.5)])[1]
+    {'metric': 'b', 'original': None, 're-run': 0.5, 'delta': None}
+    """
+    return [
+        {"metric": c.name, "original": c.before, "re-run": c.after, "delta": c.delta}
+        for c in changes
+    ]
+
+
+def branch_tags(parent: RunStore, parent_info: Mapping[str, Any], uri: str, info: dict) -> dict:
+    """The parent tags of a branch run (module docstring, step 6)."""
+    tags = {
+        "ppoflow.parent_run_dir": parent.root,
+        "ppoflow.rerun.step": str(info["step"]),
+        "ppoflow.rerun.from": info["from"],
+        "ppoflow.rerun.to": info["to"],
+        "ppoflow.rerun.overrides": json.dumps(info["overrides"]),
+    }
+    parent_run = parent_info.get("mlflow_run_id")
+    if parent_run:
+        tags["ppoflow.parent_mlflow_run_id"] = parent_run
+        if parent_info.get("mlflow_tracking_uri") == uri:
+            tags["mlflow.parentRunId"] = parent_run
+    return tags
+
+
+def log_branch_run(
+    cfg: PPORunConfig,
+    parent: RunStore,
+    store: RunStore,
+    info: dict,
+    metrics: Mapping[str, float],
+    changes: Sequence[MetricChange],
+) -> str | None:
+    """Log the branch as an MLflow run (module docstring, step 6); its run id, or None while
+    the store is unreachable (then what was logged is in the branch's mlflow_pending.jsonl)."""
+    from flows.mlflow_logger import MLflowLogger
+    from flows.mlflow_store import select_tracking_uri
+
+    parent_info = parent.load_run_info() if parent.exists(RUN_INFO_FILE) else {}
+    uri = select_tracking_uri(
+        cfg.ppoflow.mlflow_tracking_uri,
+        cfg.ppoflow.artifact_dir,
+        recorded=parent_info.get("mlflow_tracking_uri"),
+    )
+    name = f"{cfg.trainer.experiment_name}-rerun-step{info['step']}-{info['from']}"
+    local_dir = store.root if store.is_local else None
+    with MLflowLogger(cfg.trainer.project_name, name, run_dir=local_dir, tracking_uri=uri) as sink:
+        sink.set_tags({**run_tags(cfg, store.root), **branch_tags(parent, parent_info, uri, info)})
+        sink.log_params(cfg)
+        sink.log_metrics(metrics, info["step"])
+        sink.log_table(diff_rows(changes), "metric_diff.json")
+    identity = {
+        "mlflow_run_id": sink.run_id,
+        "mlflow_tracking_uri": uri,
+        "mlflow_experiment": cfg.trainer.project_name,
+    }
+    store.save_run_info(run_info(cfg, store.root, identity))
+    return sink.run_id
+
+
 def _rerun(
     run_dir: str,
     step: int,
@@ -446,7 +533,9 @@ def _rerun(
     if (to_stage or METRICS_STAGE) != METRICS_STAGE:  # stages after --to did not run: not a change
         original = {name: value for name, value in original.items() if name in metrics}
     changes = metric_diff(original, metrics)
-
+    mlflow_run_id = None
+    if "mlflow" in cfg.trainer.logger:
+        mlflow_run_id = log_branch_run(cfg, parent, store, info, metrics, changes)
     return RerunResult(
         run_dir=store.root,
         parent_dir=parent.root,
@@ -456,6 +545,7 @@ def _rerun(
         changes=changes,
         unchanged=len(compared_names(original, metrics)) - len(changes),
         engines_built=list(engines.built),
+        mlflow_run_id=mlflow_run_id,
     )
 
 
