@@ -1,0 +1,369 @@
+"""Export the actor of a checkpoint as a plain Hugging Face model directory: ``ppoflow export``.
+
+The output directory holds ``model.safetensors``, ``config.json``, ``generation_config.json``
+and the tokenizer files, written with the transformers API (``PreTrainedModel.save_pretrained``
+— transformers 5 writes safetensors only, so there is no ``safe_serialization`` switch left to
+set — and ``tokenizer.save_pretrained``), plus ``ppoflow_export.json`` naming what it came from.
+``AutoModelForCausalLM.from_pretrained(OUT)``, vLLM and ``actor_rollout_ref.model.path=OUT``
+load it as they load any model directory.
+
+Where the weights are: a run's checkpoints are under its config's ``trainer.default_local_dir``
+(``flows/checkpoints.py``): ``global_step_<K>/actor`` is the actor engine's directory
+(``stages/engines/checkpoint.py``), whose ``state/`` holds DeepSpeed's files. The architecture
+(``config.json``), the generation config and the tokenizer come from the run's
+``actor_rollout_ref.model.path`` and ``tokenizer_path``: a checkpoint holds weights only. Given
+a checkpoint directory instead of a run, the base model directory is passed as ``base``.
+
+Reading DeepSpeed's files without running code from them. They are torch pickles, and a pickle
+can name any Python callable. Everything here is read with ``torch.load(weights_only=True)``,
+whose unpickler builds only tensors, containers and plain values and refuses any other global:
+
+- ZeRO 0–2: ``state/mp_rank_00_model_states.pt`` holds the whole model (``module``) in the
+  compute dtype — the weights the engine generates with. It loads with ``weights_only=True`` as
+  it is (memory-mapped, so the optimizer state in the same file is not read).
+- ZeRO 3: each rank's model file holds placeholders; the parameters are the fp32 partitions in
+  the ``*_optim_states.pt`` files, which DeepSpeed's documented
+  ``deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`` joins. That
+  function (DeepSpeed 0.19) calls ``torch.load(weights_only=False)``. So every file it reads is
+  first loaded here with ``weights_only=True``, allowing besides the defaults only the three
+  DeepSpeed classes its optimizer state holds (:data:`DEEPSPEED_CHECKPOINT_TYPES`: an enum, a
+  dataclass of two ints, the loss scaler's attributes), and the export stops, naming the file
+  and the global, if any file names anything else. Only then does DeepSpeed read them. (A file
+  replaced between the check and DeepSpeed's read would escape the check: the directory must not
+  be writable by someone you do not trust while it is exported.)
+
+The weights are then cast to the export dtype (default: the run's
+``actor_rollout_ref.model.dtype``; for a bare checkpoint, the compute dtype in its DeepSpeed
+config) and put into a model built from the base config on the ``meta`` device (no random init,
+no second copy), tied embeddings re-tied. ZeRO 0–2 store the compute-dtype weights, so
+``float32`` from a ``bfloat16`` run is the bf16 weights widened; ZeRO 3 stores fp32 masters.
+
+The directory is written as ``.<OUT>.partial-<pid>`` beside OUT and renamed into place; an
+existing OUT is replaced only when it is empty or with ``force``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flows.run_index import is_run_dir, working_dir
+from stages.engines.checkpoint import MANIFEST, STATE_TAG, checkpoint_steps
+
+ACTOR_ROLE = "actor"
+EXPORT_FILE = "ppoflow_export.json"
+LM_PREFIX = "lm."  # ResponseLogProbModel keeps the Hugging Face model as .lm
+ZERO_MODEL_FILE = "mp_rank_00_model_states.pt"  # ZeRO 0–2: the whole module, rank 0
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_STEP_DIR = re.compile(r"global_step_(\d+)")
+_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+
+
+class ExportError(ValueError):
+    """A bad export request: no such run or step, no base model, an output that is not empty."""
+
+
+def deepspeed_checkpoint_types() -> list[type]:
+    """The DeepSpeed classes a ZeRO-3 optimizer-state file may hold (ZeRO stage enum, the loss
+    scaler's plain attributes, a tensor fragment's (start, numel) address)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, LossScaler, fragment_address]
+
+
+# --- where the weights are ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActorCheckpoint:
+    """An actor engine checkpoint directory (``…/global_step_<step>/actor``) and its manifest."""
+
+    directory: Path
+    step: int
+    zero_stage: int
+    world_size: int
+
+    @classmethod
+    def at(cls, path: str | os.PathLike) -> ActorCheckpoint:
+        """The actor checkpoint at ``path``: a ``global_step_<K>`` folder or its ``actor``."""
+        path = Path(path)
+        directory = path / ACTOR_ROLE if _STEP_DIR.fullmatch(path.name) else path
+        match = _STEP_DIR.fullmatch(directory.parent.name)
+        if directory.name != ACTOR_ROLE or match is None:
+            raise ExportError(
+                f"{path} is neither a run directory (config.json) nor a checkpoint folder; "
+                "expected a run directory or …/global_step_<K> (or …/global_step_<K>/actor)"
+            )
+        manifest_file = directory / MANIFEST
+        if not manifest_file.is_file():
+            raise ExportError(
+                f"{directory} holds no {MANIFEST}: not a complete actor checkpoint written by "
+                "ppoflow train"
+            )
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        return cls(directory, int(match.group(1)), manifest["zero_stage"], manifest["world_size"])
+
+    def compute_dtype(self) -> str:
+        """The dtype the engine computed in (its DeepSpeed config: bf16 enabled or not)."""
+        state = self._load(self.model_files()[0])
+        return "bfloat16" if state["ds_config"].get("bf16", {}).get("enabled") else "float32"
+
+    def model_files(self) -> list[Path]:
+        """DeepSpeed's model-state files: rank 0's (ZeRO 0–2) or every rank's (ZeRO 3)."""
+        state = self.directory / STATE_TAG
+        if self.zero_stage < 3:
+            return [state / ZERO_MODEL_FILE]
+        return sorted(state.glob("*_model_states.pt"))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The Hugging Face model's weights (names without the ``lm.`` wrapper prefix), read
+        as the module docstring says."""
+        if self.zero_stage < 3:
+            module = self._load(self.model_files()[0])["module"]
+        else:
+            module = self._zero3_fp32_weights()
+        prefixed = [name for name in module if not name.startswith(LM_PREFIX)]
+        if prefixed:
+            raise ExportError(
+                f"{self.directory} is not an actor checkpoint: {prefixed[0]!r} lies outside "
+                f"the {LM_PREFIX!r} language model (a critic checkpoint?)"
+            )
+        return {name.removeprefix(LM_PREFIX): tensor for name, tensor in module.items()}
+
+    def _zero3_fp32_weights(self) -> dict[str, torch.Tensor]:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = self.directory / STATE_TAG
+        files = [*self.model_files(), *sorted(state.glob("*_optim_states.pt"))]
+        with torch.serialization.safe_globals(deepspeed_checkpoint_types()):
+            for file in files:
+                self._load(file)
+        with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
+            return dict(get_fp32_state_dict_from_zero_checkpoint(str(self.directory), STATE_TAG))
+
+    def _load(self, file: Path) -> dict[str, Any]:
+        if not file.is_file():
+            raise ExportError(f"{self.directory} is incomplete: {file.name} is missing")
+        try:
+            return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as err:
+            named = _GLOBAL.search(str(err))
+            what = named.group(1) if named else str(err).splitlines()[0]
+            raise ExportError(
+                f"refusing to read {file}: it names {what}, which torch.load(weights_only=True) "
+                "does not build; a checkpoint written by ppoflow holds tensors and plain values only"
+            ) from None
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """What an export reads: the actor checkpoint, the base model (architecture, generation
+    config, tokenizer) and the default dtype; ``run_dir`` when it came from a run."""
+
+    checkpoint: ActorCheckpoint
+    base_model: str
+    tokenizer: str
+    dtype: str
+    trust_remote_code: bool = False
+    run_dir: str | None = None
+
+    def describe(self) -> str:
+        """``step K of RUN (checkpoint …)`` or ``checkpoint … (step K)``, with the ZeRO stage
+        and the base model."""
+        ckpt = self.checkpoint
+        details = f"ZeRO-{ckpt.zero_stage}, base {self.base_model}"
+        if self.run_dir is not None:
+            return f"step {ckpt.step} of {self.run_dir} (checkpoint {ckpt.directory}, {details})"
+        return f"checkpoint {ckpt.directory} (step {ckpt.step}, {details})"
+
+
+def run_config(run_dir: str | os.PathLike) -> Any:
+    """The run's resolved config (``config.json``) as a ``PPORunConfig``."""
+    from flows.run_store import RunStore
+    from stages.config import PPORunConfig
+
+    if not is_run_dir(Path(run_dir)):
+        raise ExportError(
+            f"{run_dir} is not a run directory: it has no config.json and step journals written "
+            "by ppoflow train (expected a directory printed by ppoflow train or ppoflow runs)"
+        )
+    return PPORunConfig.model_validate(RunStore(run_dir).load_config())
+
+
+def run_path(run_dir: str | os.PathLike, path: str) -> str:
+    """A path of the run's config as this process can open it: a relative one is read from
+    the directory the run started in (``flows.run_index.working_dir``) when it exists there; a
+    hub id (nothing there) is left as it is.
+
+    >>> run_path("/no/such/run", "/abs/model")
+    '/abs/model'
+    """
+    if os.path.isabs(path):
+        return path
+    candidate = working_dir(run_dir) / path
+    return str(candidate) if candidate.exists() else path
+
+
+def run_checkpoint(run_dir: str | os.PathLike, step: int | None) -> ActorCheckpoint:
+    """The actor checkpoint of ``step`` under the run's ``trainer.default_local_dir``; without
+    a step, or for a step without one, an :class:`ExportError` listing the saved steps."""
+    configured = run_config(run_dir).trainer.default_local_dir
+    root = Path(configured) if os.path.isabs(configured) else working_dir(run_dir) / configured
+    saved = [s for s in checkpoint_steps(root) if (root / f"global_step_{s}" / ACTOR_ROLE).is_dir()]
+    if step is None or step not in saved:
+        asked = "pass --step K" if step is None else f"no checkpoint of step {step}"
+        raise ExportError(
+            f"{run_dir}: {asked}; steps with a checkpoint under {root}: "
+            f"{saved or 'none (train with trainer.save_freq > 0)'}"
+        )
+    return ActorCheckpoint.at(root / f"global_step_{step}")
+
+
+def export_source(
+    path: str | os.PathLike, step: int | None = None, base: str | None = None
+) -> ExportSource:
+    """What to export from ``path``: a run directory (with ``step``) or a checkpoint folder
+    (with ``base``, the model directory the run started from)."""
+    if is_run_dir(Path(path)):
+        model = run_config(path).actor_rollout_ref.model
+        return ExportSource(
+            checkpoint=run_checkpoint(path, step),
+            base_model=base or run_path(path, model.path),
+            tokenizer=base or run_path(path, model.tokenizer_path or model.path),
+            dtype=model.dtype,
+            trust_remote_code=model.trust_remote_code,
+            run_dir=str(Path(path).absolute()),
+        )
+    checkpoint = ActorCheckpoint.at(path)
+    if step is not None and step != checkpoint.step:
+        raise ExportError(
+            f"--step {step} disagrees with the checkpoint folder {path} (step {checkpoint.step})"
+        )
+    if base is None:
+        raise ExportError(
+            f"{path} is a checkpoint folder, which holds weights only; pass --base MODEL_DIR, "
+            "the model directory the run started from (its actor_rollout_ref.model.path)"
+        )
+    return ExportSource(checkpoint, base, base, checkpoint.compute_dtype())
+
+
+# --- writing the model directory ----------------------------------------------------------------
+
+
+def check_output(out: Path, source: ExportSource, force: bool) -> None:
+    """Refuse a non-empty ``out`` unless ``force``, and always one that holds what is read."""
+    reads = [source.checkpoint.directory, Path(source.base_model), Path(source.tokenizer)]
+    for path in reads:
+        if path.exists() and out.exists() and path.resolve().is_relative_to(out.resolve()):
+            raise ExportError(f"{out} holds {path}, which the export reads; choose another OUT")
+    if out.is_file():
+        raise ExportError(f"{out} is a file; OUT must be a new or empty directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ExportError(
+            f"{out} is not empty; choose a new directory or pass --force to replace it"
+        )
+
+
+def build_model(source: ExportSource, dtype: torch.dtype) -> Any:
+    """The base architecture on the ``meta`` device with the checkpoint's weights assigned."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(
+        source.base_model, trust_remote_code=source.trust_remote_code
+    )
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, trust_remote_code=source.trust_remote_code
+        )
+    weights = source.checkpoint.state_dict()
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise ExportError(
+            f"the checkpoint {source.checkpoint.directory} does not fit the model at "
+            f"{source.base_model}: missing {missing[:3]}, unexpected {unexpected[:3]}; pass the "
+            "model directory the run trained (--base)"
+        )
+    for name in weights:  # cast one tensor at a time: never two copies of the model
+        weights[name] = weights[name].to(dtype)
+    model.load_state_dict(weights, strict=True, assign=True)
+    model.tie_weights()
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(source.base_model)
+    except OSError:  # the base has no generation_config.json: derive it as transformers does
+        model.generation_config = GenerationConfig.from_model_config(config)
+    return model
+
+
+def export_model(
+    source: ExportSource, out: str | os.PathLike, dtype: str | None = None, force: bool = False
+) -> Path:
+    """Write the Hugging Face directory of ``source`` to ``out`` (module docstring); returns it.
+
+    Args:
+        dtype: ``float32``, ``bfloat16`` or ``float16``; default ``source.dtype``.
+        force: replace a non-empty ``out``.
+    """
+    from transformers import AutoTokenizer
+
+    name = dtype or source.dtype
+    if name not in EXPORT_DTYPES:
+        raise ExportError(f"--dtype {name!r} is not one of {sorted(EXPORT_DTYPES)}")
+    out = Path(out).absolute()
+    check_output(out, source, force)
+    model = build_model(source, EXPORT_DTYPES[name])
+    tokenizer = AutoTokenizer.from_pretrained(
+        source.tokenizer, trust_remote_code=source.trust_remote_code
+    )
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        provenance = {
+            "run_dir": source.run_dir,
+            "step": source.checkpoint.step,
+            "checkpoint": str(source.checkpoint.directory.absolute()),
+            "zero_stage": source.checkpoint.zero_stage,
+            "base_model": source.base_model,
+            "dtype": name,
+        }
+        (partial / EXPORT_FILE).write_text(json.dumps(provenance, indent=1), encoding="utf-8")
+        _move_into_place(partial, out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return out
+
+
+def _move_into_place(partial: Path, out: Path) -> None:
+    """Rename ``partial`` to ``out``; an existing ``out`` is renamed aside first, then deleted."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.rename(out, old)
+    os.rename(partial, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+__all__ = [
+    "ActorCheckpoint",
+    "ExportError",
+    "ExportSource",
+    "export_model",
+    "export_source",
+    "run_checkpoint",
+    "run_config",
+    "run_path",
+]
