@@ -3,8 +3,8 @@
 MLflow 3 sends anonymous usage data by default, Prefect's server reports analytics, Ray and vLLM
 report usage statistics and the Hugging Face hub client sends telemetry with its requests. A
 trainer that runs offline on private data should not try to reach any of them, so importing
-``flows`` (every ``ppoflow`` command, the Prefect flow's module, the reward workers it starts)
-sets their documented opt-out variables, before any of those libraries reads its settings:
+``flows`` (every ``ppoflow`` command, the Prefect flow's module) sets their documented opt-out
+variables, before any of those libraries reads its settings:
 
 ======================================  =========================================
 ``MLFLOW_DISABLE_TELEMETRY=true``       MLflow's usage tracking
