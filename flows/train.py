@@ -6,20 +6,38 @@
 2. load the tokenizer and the train / validation datasets, build the loader;
 3. build the engines once (``flows.engines``: actor, ref, critic, reward pool), open the metric
    sinks ``trainer.logger`` lists (``flows.metric_sinks``: MLflow with experiment =
-   ``trainer.project_name``, run = ``trainer.experiment_name``, default store
-   ``<run_dir>/mlflow.db``; W&B; TensorBoard) and log the config to them;
+   ``trainer.project_name``, run = ``trainer.experiment_name``, in the project store
+   ``<ppoflow.artifact_dir>/mlflow.db`` unless ``ppoflow.mlflow_tracking_uri`` or
+   ``MLFLOW_TRACKING_URI`` names another (flows/mlflow_store.py), tagged with the version,
+   commit, run dir and config digest (flows/run_identity.py); W&B; TensorBoard), log the config
+   to them, and write ``<run_dir>/run_info.json`` (the MLflow run id, store and experiment);
 4. ``val_before_train``; then for each step: the step input (uid per prompt, repeat n), the step
-   flow's stages (``run_step.fn`` inside this flow run, so no per-step flow-run overhead), the
-   step metrics (stage metrics, data, timing, throughput, ``training/*``) → the sinks, validation
-   every ``test_freq`` steps and at the last step, a checkpoint every ``save_freq`` steps, a
-   markdown summary of the step as a Prefect artifact (``flows.step_report``); the sinks'
-   metrics and the report are sent on a background thread while the next step computes
-   (``flows.publisher``);
+   flow's stages (``run_step.fn`` inside this flow run: a subflow run per step would cost far
+   more than the 3 % of a demo step allowed, flows/step_flow.py), the
+   step metrics (stage metrics, data, timing, throughput, ``training/*``, ``ppoflow/cache_hits``)
+   → the sinks, validation every ``test_freq`` steps and at the last step (the generations as an
+   MLflow table), a checkpoint every ``save_freq`` steps (with the run's identity and the step's
+   metrics, :func:`save_checkpoint`), a
+   markdown summary of the step as a Prefect artifact keyed ``<experiment>-<run tag>-step-<k>``
+   (``flows.step_report``); the sinks' metrics and the report are sent on a background thread
+   while the next step computes (``flows.publisher``);
 5. a summary; the engines and the reward pool are closed in ``finally``.
+
+The flow's first statement logs ``ppoflow: loading config …`` through Prefect's run logger, so
+a deployment run shows a line of ppoflow's as soon as the flow starts; the run directory, every
+step's progress line, the validation lines and the summary follow on the same logger
+(``flows.progress``), beside the console output.
 
 With ``trainer.resume_mode`` auto (a tracker in ``default_local_dir``) or resume_path, step 3
 also restores the checkpoint (engines, RNG states, loader position, KL controller) and the run
-continues at step N + 1 in a new run directory.
+continues at step N + 1, in the run directory given (``ppoflow resume RUN_DIR`` gives the
+checkpoint's own: the journals of steps ≤ N stay, steps N + 1… are written again) or else a new
+one. When the run logs to the store the checkpoint recorded, the checkpoint's MLflow run
+continues (marked RUNNING again, then FINISHED or FAILED), tagged ``ppoflow.resumed_from_step``;
+the journaled steps ≤ N that it lacks are replayed into it and the steps it holds already are not
+logged again, so after a ``kill -9`` and a resume every step is in its history exactly once
+(flows/mlflow_logger.py). In another store the resume starts a new MLflow run there, with steps
+≤ N replayed.
 
 The KL controller (KL in the reward) is run state: its β enters each step input as
 ``meta_info.kl_coef`` and it is updated from the advantage stage's ``actor/reward_kl_penalty``
@@ -36,26 +54,39 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from prefect import get_run_logger
+
 from dataproto import DataProto
 from dataproto import keys as K
 from flows.cache_keys import plugin_names
 from flows.checkpoints import (
+    checkpoint_metrics,
+    checkpoint_run,
     controller_state,
     load_run_checkpoint,
     restore_controller,
     resume_step,
     save_run_checkpoint,
+    tracking_state,
 )
 from flows.code_fingerprint import code_change_notice, run_code
 from flows.device import apply_device
 from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
 from flows.generations_dump import dump_rollout, dump_validation
-from flows.metric_sinks import MetricSinks, open_sinks
+from flows.metric_sinks import MetricSinks, ResumedRun, open_sinks
 from flows.progress import SCORE, Progress
 from flows.publisher import Publisher
+from flows.run_identity import (
+    CACHE_HITS,
+    cache_hits,
+    mlflow_identity,
+    resume_history,
+    run_info,
+    run_tags,
+)
 from flows.run_store import RunStore, StageRecord
-from flows.step_flow import StepFlow, StepResult, run_step
-from flows.step_report import publish_step_report
+from flows.step_flow import StepFlow, StepResult, describe_source, run_step
+from flows.step_report import flow_run_tag, publish_step_report, report_key
 from flows.validate import validate
 from stages.advantage import KL_METRIC
 from stages.algos.kl_control import get_kl_controller
@@ -129,6 +160,7 @@ class TrainRun:
     lineage: WeightsLineage | None = None
     progress: Progress | None = None
     start_step: int = 1
+    resumed: ResumedRun | None = None  # the checkpoint this run continues from
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.sinks.log_metrics(metrics, step)
@@ -160,16 +192,29 @@ def open_run(cfg: PPORunConfig, run_dir: str | None) -> TrainRun:
     run.engines = build_engines(cfg, tokenizer, total)
     try:
         resume(run)
-        run.sinks = open_sinks(cfg, store.root if store.is_local else None)
+        resumed_step = None if run.resumed is None else run.resumed.step
+        tags = run_tags(cfg, store.root, resumed_step)
+        run.sinks = open_sinks(cfg, store.root if store.is_local else None, tags, run.resumed)
+        record_run_info(run)
     except BaseException:
         close_engines(run.engines)
         raise
     return run
 
 
+def record_run_info(run: TrainRun) -> None:
+    """``<run_dir>/run_info.json`` (flows/run_identity.py ``run_info``): written when the run
+    opens, at each checkpoint and at the end, so an MLflow run id that an outage delayed gets
+    there too."""
+    step = None if run.resumed is None else run.resumed.step
+    identity = mlflow_identity(run.sinks, run.cfg.trainer.project_name)
+    run.store.save_run_info(run_info(run.cfg, run.store.root, identity, step))
+
+
 def resume(run: TrainRun) -> None:
     """Continue from a checkpoint when ``trainer.resume_mode`` finds one (flows/checkpoints.py):
-    engines, loader position, KL controller, weights lineage; the next step is N + 1."""
+    engines, loader position, KL controller, weights lineage; the next step is N + 1; and
+    ``run.resumed``, the MLflow run to continue with the history to fill in (module docstring)."""
     found = resume_step(run.cfg.trainer)
     if found is None:
         return
@@ -179,6 +224,14 @@ def resume(run: TrainRun) -> None:
     restore_controller(run.kl_ctrl, state["kl_ctrl"])
     run.lineage.current.update(state["weights_lineage"])
     run.start_step = step + 1
+    recorded = checkpoint_run(state)
+    origin = recorded["run_dir"] or run.store.root  # an older checkpoint names no run
+    run.resumed = ResumedRun(
+        step,
+        recorded["mlflow_run_id"],
+        recorded["mlflow_tracking_uri"],
+        resume_history(origin, step, checkpoint_metrics(state)),
+    )
     run.progress.console.print(f"resumed from {root}/global_step_{step}")
     current = run_code(PPO_STAGES, plugin_names(run.cfg)).files
     notice = code_change_notice(state.get("code_files"), current)
@@ -208,6 +261,7 @@ def step_metrics(result: StepResult, cfg: PPORunConfig, step: int, epoch: int) -
     metrics.update(compute_timing_metrics(batch, timing))
     metrics.update(compute_throughput_metrics(batch, timing, cfg.derived.dp_size))
     metrics.update({"training/global_step": float(step), "training/epoch": float(epoch)})
+    metrics[CACHE_HITS] = cache_hits(result.records)
     return metrics
 
 
@@ -224,7 +278,7 @@ def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRe
         uid_seed=cfg.trainer.seed,
     )
     weights_at_start = run.lineage.state_dict()
-    result = run_step.fn(
+    result = run_step.fn(  # a plain call, not a subflow run: flows/step_flow.py says why
         PPO_STAGES,
         step_input,
         StageContext(config=cfg, engines=run.engines, step=step),
@@ -252,17 +306,48 @@ def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:
     dump_validation(run.cfg.trainer.validation_data_dir, result.scored, run.tokenizer, step)
     run.progress.validation(step, result.mean_score, result.metrics)
     if result.generations:
-        run.sinks.log_dict(result.generations, f"val_generations/step_{step}.json")
+        run.sinks.log_table(result.generations, f"val_generations/step_{step}.json")
     return result.mean_score, result.metrics
 
 
+def save_checkpoint(run: TrainRun, step: int, metrics: dict[str, float]) -> None:
+    """Checkpoint step ``step`` (flows/checkpoints.py) with the run's identity and the step's
+    metrics as they are about to be published, then rewrite run_info.json."""
+    identity = {
+        "run_dir": run.store.root,
+        **mlflow_identity(run.sinks, run.cfg.trainer.project_name),
+    }
+    state = {**run.run_state(), **tracking_state(identity, metrics)}
+    save_run_checkpoint(
+        run.cfg.trainer.default_local_dir, step, run.engines, state, run.cfg.trainer
+    )
+    record_run_info(run)
+
+
+def plot_history(run: TrainRun, result: TrainResult) -> list[dict[str, float]]:
+    """The metrics the end-of-run plots draw: a resumed run's earlier steps (its replay
+    history), the point before training, then this run's steps."""
+    earlier = [] if run.resumed is None else [dict(m) for m in run.resumed.history.values()]
+    return [*earlier, result.before_training, *result.history]
+
+
 def publish_step(
-    run: TrainRun, step: int, records: list[StageRecord], metrics: dict, mlflow_run_id: str | None
+    run: TrainRun,
+    step: int,
+    records: list[StageRecord],
+    metrics: dict,
+    mlflow_run_id: str | None,
+    val_score: float | None = None,
 ) -> None:
-    """The step's metrics → the metric sinks, its markdown report → a Prefect artifact (on
-    the publishing thread, flows/publisher.py)."""
+    """The step's metrics → the metric sinks, its markdown report → a Prefect artifact keyed
+    ``<experiment>-<flow run tag>-step-<k>`` with the run directory and ``val_score`` (the
+    step's validation score, None when it did not validate); on the publishing thread,
+    flows/publisher.py."""
     run.log(metrics, step)
-    publish_step_report(step, records, metrics, mlflow_run_id)
+    key = report_key(run.cfg.trainer.experiment_name, flow_run_tag(), step)
+    publish_step_report(
+        step, records, metrics, mlflow_run_id, key=key, run_dir=run.store.root, val_score=val_score
+    )
 
 
 def close_quietly(publisher: Publisher) -> None:
@@ -291,8 +376,12 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
         run_dir: the run directory (local path or fsspec URL); default
             ``<ppoflow.artifact_dir>/<experiment_name>-<time>``.
     """
+    log = get_run_logger()  # the flow run's logs in the Prefect UI
+    log.info("ppoflow: loading config %s", describe_source(config, overrides))
     cfg = resolve_config(config, overrides)
     run = open_run(cfg, run_dir)
+    run.progress.logger = log  # step and validation lines also go to the flow run's logs
+    log.info("ppoflow: run directory %s, %d steps", run.store.root, run.total_steps)
     result = TrainResult(run.store.root, None, run.total_steps)
     result.before_training = {"training/global_step": float(run.start_step - 1)}
     status = "FAILED"
@@ -306,18 +395,21 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
         last = run.start_step - 1 if cfg.trainer.val_only else run.total_steps
         for step in range(run.start_step, last + 1):
             metrics, records = train_step(run, step)
+            val_score = None
             if is_due(step, cfg.trainer.test_freq, run.total_steps):
                 publisher.wait()  # validation logs through the same sinks
                 result.val_after, val_metrics = run_validation(run, step)
+                val_score = result.val_after
                 metrics.update(val_metrics)
             if is_due(step, cfg.trainer.save_freq, run.total_steps):
-                save_run_checkpoint(
-                    cfg.trainer.default_local_dir, step, run.engines, run.run_state(), cfg.trainer
-                )
-            publisher.submit(publish_step, run, step, records, metrics, result.mlflow_run_id)
+                save_checkpoint(run, step, metrics)
+            publisher.submit(
+                publish_step, run, step, records, metrics, result.mlflow_run_id, val_score
+            )
             run.progress.step(step, metrics)
             result.history.append(metrics)
         publisher.close()
+        record_run_info(run)
         status = "FINISHED"
     finally:
         run.progress.close()  # stop the live bar, also when the run failed
@@ -326,7 +418,7 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
         result.mlflow_run_id = run.sinks.run_ids.get("mlflow")
         try:
             if result.history:  # also the steps of a run that failed part-way
-                run.sinks.log_plots([result.before_training, *result.history])
+                run.sinks.log_plots(plot_history(run, result))
         finally:
             run.sinks.close(status)
     run.progress.summary(summary_rows(result, cfg))

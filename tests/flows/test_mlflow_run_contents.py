@@ -1,6 +1,7 @@
 """Issue 7, test 7: the MLflow run of a training holds the metric registry's every-step metrics
 (at step = global_step), the flattened config as params, and its artifacts (resolved config,
-metric-name mapping and descriptions, validation generations, the end-of-run PNG plots).
+metric-name mapping and descriptions, validation generations as MLflow tables, the end-of-run
+PNG plots).
 
 One 2-step GRPO run on the tiny model and the demo task (4 prompts × n 2, 8 response tokens,
 validation before training and at step 2, 3 sample generations logged), read back with
@@ -10,6 +11,7 @@ MlflowClient.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -109,8 +111,12 @@ def test_mlflow_run_holds_registry_metrics_params_and_artifacts(
     assert all(descriptions[name] == describe_metric(name) for name in expected)
     generations = {item.path for item in client.list_artifacts(run.info.run_id, "val_generations")}
     assert generations == {"val_generations/step_0.json", "val_generations/step_2.json"}
-    table = load("val_generations/step_2.json")
-    assert len(table) == 3 and all(row["step"] == 2 for row in table)
+    table = load("val_generations/step_2.json")  # MLflow's table file (pandas "split" layout)
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert len(rows) == 3 and all(row["step"] == 2 for row in rows)
+    assert set(table["columns"]) == {"step", "input", "output", "score", "ground_truth"}
+    tables = json.loads(run.data.tags["mlflow.loggedArtifacts"])
+    assert {t["path"] for t in tables} == generations and {t["type"] for t in tables} == {"table"}
     plots = {item.path for item in client.list_artifacts(run.info.run_id, "plots")}
     assert plots == {"plots/reward.png", "plots/response_length.png", "plots/kl.png"}
     for plot in sorted(plots):
