@@ -11,7 +11,13 @@ deployment on a local Prefect server"), run with the venv's `prefect` from the r
     prefect worker start --pool ppoflow-process --run-once
 
 The worker starts in a scratch directory, not the repo, so the run finding its entrypoint proves
-the deployment's pull step. The training run is tiny (1 step, 4 prompts × 2 samples, 8 tokens).
+the deployment's pull step. The training run is tiny (2 steps of 4 prompts × 2 samples of 8
+tokens, validation at step 2). What the UI shows is read back from the server's API: every
+step's stage task runs (``<stage>-step<k>``) in the training flow run, with no flow run per step
+(flows/step_flow.py says why), one keyed markdown report per step (with the validation score at
+step 2 and the run directory), the progress and validation lines in the flow run's logs, and
+ppoflow's first log line seconds after the run began. The test prints the times from
+`prefect deployment run` to the first log lines (docs/deployment.md records them).
 
 Every subprocess gets this test's environment with every ``PREFECT_*`` variable of the test
 session removed (tests/conftest.py points PREFECT_HOME at the session's store, and the
@@ -33,12 +39,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import psutil
 import pytest
 
 from flows.run_store import RunStore
+from flows.step_report import report_key
 
 pytestmark = pytest.mark.slow
 
@@ -49,6 +57,10 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 SERVER_START_S = 180  # the server's first start migrates its database and copies the UI
 COMMAND_S = 300  # one CLI command (`deploy` imports the flow: torch, transformers, DeepSpeed)
 RUN_S = 600  # the flow run, worker start-up included
+STEPS = 2
+FIRST_LINE = "ppoflow: loading config"
+#: at most this long from the flow run's "Beginning flow run" line to ppoflow's first line
+FIRST_LINE_S = 10
 
 
 def free_port() -> int:
@@ -174,8 +186,8 @@ def prefect_server(tmp_path: Path) -> Iterator[LocalServer]:
 
 
 def tiny_overrides(demo: Path, tmp_path: Path) -> list[str]:
-    """One step of 4 prompts × 2 samples of 8 tokens, no validation or checkpoint; the scorer
-    and the reward workers in verl's legacy spellings (``custom_reward_function.path``,
+    """Two steps of 4 prompts × 2 samples of 8 tokens, validation at the last step only, no
+    checkpoint; the scorer and the reward workers in verl's legacy spellings (``custom_reward_function.path``,
     ``reward_model.num_workers``), as a verl user's deployment parameters would give them.
 
     File lists are given as single paths (``data.train_files=/a/train.parquet``): the
@@ -190,9 +202,9 @@ def tiny_overrides(demo: Path, tmp_path: Path) -> list[str]:
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "trainer.total_training_steps=1",
+        f"trainer.total_training_steps={STEPS}",
         "trainer.val_before_train=false",
-        "trainer.test_freq=0",
+        f"trainer.test_freq={STEPS}",
         "trainer.save_freq=0",
         f"trainer.default_local_dir={tmp_path}/checkpoints",
         f"ppoflow.mlflow_tracking_uri=sqlite:///{tmp_path}/mlflow.db",
@@ -210,6 +222,51 @@ def write_scorer(tmp_path: Path) -> Path:
         encoding="utf-8",
     )
     return path
+
+
+def api_filter(api_url: str, what: str, body: dict) -> list[dict]:
+    """``POST /<what>/filter`` (flow_runs, task_runs, artifacts, logs) → the matching records."""
+    return api_post(f"{api_url}/{what}/filter", body)
+
+
+def flow_run_logs(api_url: str, *flow_run_ids: str, tasks: bool = False) -> list[dict]:
+    """The flow runs' log records, oldest first: their own lines, or with ``tasks`` only their
+    task runs' lines (a subflow run's lines belong to the subflow run, not to its parent)."""
+    logs = api_filter(
+        api_url,
+        "logs",
+        {"logs": {"flow_run_id": {"any_": list(flow_run_ids)}}, "sort": "TIMESTAMP_ASC"},
+    )
+    return [log for log in logs if (log["task_run_id"] is not None) == tasks]
+
+
+def seconds_after(start: float, log: dict) -> float:
+    """Seconds from the Unix time ``start`` to a log record's timestamp."""
+    return datetime.fromisoformat(log["timestamp"]).timestamp() - start
+
+
+def first(logs: list[dict], prefix: str) -> dict:
+    found = [log for log in logs if log["message"].startswith(prefix)]
+    assert found, f"no log line starting {prefix!r} in {[log['message'] for log in logs]}"
+    return found[0]
+
+
+def child_runs(api_url: str, flow_run_id: str) -> list[dict]:
+    """The flow run's child flow runs (subflow runs)."""
+    body = {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}}
+    return api_filter(api_url, "flow_runs", body)
+
+
+def task_run_names(api_url: str, flow_run_id: str, expected: set[str]) -> set[str]:
+    """Names of a flow run's task runs, once they include ``expected`` or after 30 s (the
+    server records task runs from their events, a little after they ran)."""
+    body = {"task_runs": {"flow_run_id": {"any_": [flow_run_id]}}}
+    deadline = time.monotonic() + 30
+    while True:
+        names = {task["name"] for task in api_filter(api_url, "task_runs", body)}
+        if expected <= names or time.monotonic() > deadline:
+            return names
+        time.sleep(1)
 
 
 def wait_for_end(api_url: str, flow_run_id: str, worker: subprocess.Popen, log: Path) -> dict:
@@ -243,10 +300,12 @@ def test_demo_deployment_runs_on_a_process_worker(
     deployed = prefect("--no-prompt", "deploy", "--name", "demo", env=env)
     assert "ppo-train/demo" in deployed
 
+    requested = time.time()
+    overrides = tiny_overrides(demo_inputs, tmp_path)
     created = prefect(
         "deployment", "run", "ppo-train/demo",
         "--param", f"run_dir={run_dir}",
-        "--param", f"overrides={json.dumps(tiny_overrides(demo_inputs, tmp_path))}",
+        "--param", f"overrides={json.dumps(overrides)}",
         env=env,
     )  # fmt: skip
     match = re.search(r"UUID: ([0-9a-f-]{36})", created)
@@ -256,6 +315,7 @@ def test_demo_deployment_runs_on_a_process_worker(
     scratch = tmp_path / "worker-cwd"
     scratch.mkdir()
     log = tmp_path / "worker.log"
+    worker_started = time.time()
     worker = start([*PREFECT, "worker", "start", "--pool", POOL, "--run-once"], env, scratch, log)
     try:
         run = wait_for_end(api_url, flow_run_id, worker, log)
@@ -264,17 +324,80 @@ def test_demo_deployment_runs_on_a_process_worker(
 
     assert run["state"]["type"] == "COMPLETED", f"{run['state']}\n{tail(log)}"
     assert run["parameters"]["config"] == "demo-cpu"  # the deployment's default
-    journal = RunStore(run_dir).read_journal(1)
-    assert journal.status == "done"
+    for step in range(1, STEPS + 1):
+        journal = RunStore(run_dir).read_journal(step)
+        assert journal.status == "done" and journal.record("update_actor").status == "ran"
     reward = RunStore(run_dir).load_config()["reward"]  # the legacy spellings were read
     assert reward["custom_reward_function"]["path"] == str(tmp_path / "length_score.py")
     assert reward["num_workers"] == 1
-    assert journal.record("update_actor").status == "ran"
-    reports = api_post(
-        f"{api_url}/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}
-    )
-    assert len(reports) == 1, reports  # the step report of the one step
+    assert_step_tasks(api_url, flow_run_id)
+    assert_step_reports(api_url, flow_run_id, str(run_dir))
+    logs = flow_run_logs(api_url, flow_run_id)
+    assert_progress_logged(logs)
     assert (
-        reports[0]["data"].startswith("### Step 1")
-        and "| update_actor | ran |" in reports[0]["data"]
+        first(logs, FIRST_LINE)["message"] == f"{FIRST_LINE} demo-cpu + {len(overrides)} overrides"
     )
+    first_task_line = flow_run_logs(api_url, flow_run_id, tasks=True)[0]
+    report_first_lines(logs, first_task_line, requested, worker_started)
+
+
+def assert_step_tasks(api_url: str, flow_run_id: str) -> None:
+    """Every step's stage task runs, named by step, in the training flow run; no subflow runs."""
+    stages = ("rollout", "reward", "old_log_prob", "advantage", "update_actor")
+    expected = {f"{stage}-step{k}" for stage in stages for k in range(1, STEPS + 1)}
+    names = task_run_names(api_url, flow_run_id, expected)
+    assert expected <= names, names
+    assert child_runs(api_url, flow_run_id) == []
+
+
+def assert_step_reports(api_url: str, flow_run_id: str, run_dir: str) -> None:
+    """One keyed markdown report per step in the training flow run; the last one validated."""
+    reports = api_filter(
+        api_url, "artifacts", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}
+    )
+    tag = flow_run_id.replace("-", "")[:8]
+    by_key = {report["key"]: report for report in reports}
+    expected = [report_key("grpo-tiny", tag, k) for k in range(1, STEPS + 1)]
+    assert sorted(by_key) == sorted(expected), reports
+    assert len(reports) == STEPS
+    for k in range(1, STEPS + 1):
+        data = by_key[report_key("grpo-tiny", tag, k)]["data"]
+        assert data.startswith(f"### Step {k}") and "| update_actor | ran |" in data
+        assert f"- run directory: `{run_dir}`" in data
+        assert ("- validation score: **" in data) == (k == STEPS), data
+
+
+def assert_progress_logged(logs: list[dict]) -> None:
+    """The progress line of every step and the validation line, in the flow run's logs."""
+    messages = [log["message"] for log in logs]
+    for k in range(1, STEPS + 1):
+        assert any(m.startswith(f"step {k}/{STEPS} │ score ") for m in messages), messages
+    assert any(m.startswith(f"validation @ step {STEPS}: score ") for m in messages), messages
+    assert any(m.startswith("ppoflow train: wall time") for m in messages), messages
+
+
+def report_first_lines(
+    logs: list[dict], first_task_line: dict, requested: float, worker_started: float
+) -> None:
+    """ppoflow's first line comes within FIRST_LINE_S of the run's start; print the times.
+
+    ``first_task_line`` is the first stage task's "Finished in state" line: before the flow
+    logged lines of its own, the first thing after Prefect's start-up lines that a run showed."""
+    began = first(logs, "Beginning flow run")
+    pulled = first(logs, "Running 1 deployment pull step")
+    ours = first(logs, FIRST_LINE)
+    since_begin = seconds_after(0, ours) - seconds_after(0, began)
+    assert since_begin < FIRST_LINE_S, since_begin
+    print(
+        "\nfirst log lines, seconds after `prefect deployment run`: "
+        f"worker started {worker_started - requested:.1f}, "
+        f"first line ({logs[0]['message'][:40]!r}) {seconds_after(requested, logs[0]):.1f}, "
+        f"pull step {seconds_after(requested, pulled):.1f}, "
+        f"'Beginning flow run' {seconds_after(requested, began):.1f}, "
+        f"{FIRST_LINE!r} {seconds_after(requested, ours):.1f}, "
+        f"first stage task line {seconds_after(requested, first_task_line):.1f} "
+        f"(flow module import ≈ pull step → Beginning: "
+        f"{seconds_after(0, began) - seconds_after(0, pulled):.1f} s)"
+    )
+    ours = ("ppoflow", "step ", "validation ")
+    print("\n".join(log["message"] for log in logs if log["message"].startswith(ours)))

@@ -83,7 +83,18 @@ def _progress_in_a_flow() -> str:
     return str(flow_run.id)
 
 
-@pytest.mark.usefixtures("prefect_harness")
+@pytest.fixture
+def run_logs_at_info():
+    """Prefect's flow-run logger at INFO, its default (a ``ppoflow train`` test earlier in the
+    session leaves the parent "prefect" logger at WARNING: flows/cli_train.py)."""
+    logger = logging.getLogger("prefect.flow_runs")
+    saved = logger.level
+    logger.setLevel(logging.INFO)
+    yield
+    logger.setLevel(saved)
+
+
+@pytest.mark.usefixtures("prefect_harness", "run_logs_at_info")
 def test_the_run_logger_sends_the_lines_to_the_flow_runs_logs():
     flow_run_id = StepFlow(fn=_progress_in_a_flow, name="test-progress-logs")()
     APILogHandler().flush()  # the log worker sends batches in the background
