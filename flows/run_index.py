@@ -34,10 +34,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flows.run_store import CONFIG_FILE, JOURNAL_FILE, RERUN_FILE, RunStore, StepJournal
+from flows.run_store import (
+    CONFIG_FILE,
+    JOURNAL_FILE,
+    RERUN_FILE,
+    RUN_INFO_FILE,
+    RunStore,
+    StepJournal,
+)
 from flows.run_tracking import TrackingLookup
 
-RUN_INFO_FILE = "run_info.json"  # the run's MLflow run and working directory (flows/train.py)
 MAX_DEPTH = 4
 SCORE = "critic/score/mean"
 STEP_TIME = "timing_s/step"
@@ -152,15 +158,14 @@ def find_runs(root: Path, max_depth: int = MAX_DEPTH) -> list[Path]:
 
 
 def read_run_info(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """``<run dir>/run_info.json`` as data (its MLflow run id and store, the directory the run
-    started in, …), or None for a run that has none."""
-    path = Path(run_dir) / RUN_INFO_FILE
-    if not path.is_file():
-        return None
-    info = _read_json(path)
-    if not isinstance(info, dict):
-        raise ValueError(f"{path} holds a {type(info).__name__}; expected a JSON object")
-    return info
+    """``<run dir>/run_info.json`` (``RunStore.load_run_info``: its MLflow run id and store,
+    the directory the run started in, …), or None for a run that has none.
+
+    Raises:
+        ValueError: the file is damaged or lacks a key every run_info.json holds.
+    """
+    store = RunStore(run_dir)
+    return store.load_run_info() if store.exists(RUN_INFO_FILE) else None
 
 
 def working_dir(run_dir: str | os.PathLike) -> Path:

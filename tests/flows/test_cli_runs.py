@@ -67,6 +67,16 @@ def make_run(
     return path
 
 
+def run_info(run_id: str, tracking_uri: str) -> dict:
+    """What ``ppoflow train`` writes to run_info.json (the keys ``ppoflow runs`` reads)."""
+    return {
+        "mlflow_run_id": run_id,
+        "mlflow_tracking_uri": tracking_uri,
+        "mlflow_experiment": "p",
+        "working_dir": "/",
+    }
+
+
 @pytest.fixture
 def store(tmp_path) -> tuple[str, MlflowClient]:
     """A SQLite MLflow store: (its URI, a client)."""
@@ -90,7 +100,7 @@ def mlflow_run(client: MlflowClient, status: str, val: dict[int, float]) -> str:
 def test_a_finished_run_and_a_rerun_branch_with_its_parent(tmp_path, store):
     uri, client = store
     run_id = mlflow_run(client, "FINISHED", {0: 0.1, 2: 0.375})
-    info = {"mlflow_run_id": run_id, "mlflow_tracking_uri": uri, "mlflow_experiment": "p"}
+    info = run_info(run_id, uri)
     parent = make_run(tmp_path / "runs" / "a", ["done", "done"], info=info)
     make_run(
         tmp_path / "runs" / "a-rerun",
@@ -122,7 +132,7 @@ def test_statuses_from_journals_activity_and_mlflow(tmp_path, store):
     now = time.time()
 
     def info(status: str) -> dict:
-        return {"mlflow_run_id": mlflow_run(client, status, {}), "mlflow_tracking_uri": uri}
+        return run_info(mlflow_run(client, status, {}), uri)
 
     make_run(tmp_path / "mid-step", ["done", "running"], written=now, started=1)
     make_run(tmp_path / "killed", ["done", "running"], started=2)
@@ -146,7 +156,7 @@ def test_statuses_from_journals_activity_and_mlflow(tmp_path, store):
 
 
 def test_a_missing_store_or_damaged_journal_is_a_note_not_a_failure(tmp_path):
-    gone = {"mlflow_run_id": "abc", "mlflow_tracking_uri": f"sqlite:///{tmp_path}/none.db"}
+    gone = run_info("abc", f"sqlite:///{tmp_path}/none.db")
     make_run(tmp_path / "ok", ["done", "done"], info=gone)
     damaged = make_run(tmp_path / "damaged", ["done"])
     (damaged / "step_1" / "journal.json").write_text('{"step": 1, "sta')
@@ -165,7 +175,7 @@ def test_a_missing_store_or_damaged_journal_is_a_note_not_a_failure(tmp_path):
 def test_an_unreachable_server_is_asked_once_without_retries(tmp_path, monkeypatch):
     for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)  # restored after the test
-    down = {"mlflow_run_id": "abc", "mlflow_tracking_uri": "http://127.0.0.1:9"}
+    down = run_info("abc", "http://127.0.0.1:9")
     for name in ("one", "two"):
         make_run(tmp_path / name, ["done", "done"], info=down)
     started = time.perf_counter()

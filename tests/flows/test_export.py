@@ -200,21 +200,44 @@ def test_zero3_optimizer_files_are_checked_before_deepspeed_reads_them(base_mode
 # --- bad arguments ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def fake_run(tmp_path) -> Path:
-    """A run directory with two done steps and actor checkpoint manifests of steps 1 and 2."""
+def make_fake_run(tmp_path: Path, checkpoints: str) -> Path:
+    """A run directory with two done steps and actor checkpoint manifests of steps 1 and 2 in
+    ``tmp_path/ckpt``, which its config names as ``checkpoints``; its run_info.json says it
+    started in ``tmp_path``."""
     cfg = load_config(
         REPO / "configs" / "demo-cpu.yaml",
-        [f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=2"],
+        [f"trainer.default_local_dir={checkpoints}", "trainer.total_training_steps=2"],
     )
     store = RunStore(tmp_path / "run")
     store.save_config(cfg)
+    store.save_json(
+        "run_info.json",
+        {
+            "mlflow_run_id": None,
+            "mlflow_tracking_uri": None,
+            "mlflow_experiment": None,
+            "working_dir": str(tmp_path),
+        },
+    )
     for step in (1, 2):
         store.write_journal(StepJournal(step, status="done"))
         actor = checkpoint_dir(tmp_path / "ckpt", step, "actor")
         actor.mkdir(parents=True)
         (actor / MANIFEST).write_text(json.dumps({"format": 1, "world_size": 1, "zero_stage": 0}))
     return Path(store.root)
+
+
+@pytest.fixture
+def fake_run(tmp_path) -> Path:
+    return make_fake_run(tmp_path, f"{tmp_path}/ckpt")
+
+
+def test_relative_run_paths_are_read_from_where_the_run_started(tmp_path, monkeypatch):
+    run = make_fake_run(tmp_path, "ckpt")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    line = one_error_line(export(run, tmp_path / "hf", "--step", "3"))
+    assert f"steps with a checkpoint under {tmp_path}/ckpt: [1, 2]" in line
 
 
 def test_a_missing_step_lists_the_checkpointed_steps(fake_run, tmp_path):
