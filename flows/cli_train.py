@@ -37,19 +37,47 @@ VerboseOption = Annotated[
 def quiet_prefect(verbose: bool) -> Iterator[None]:
     """One line per step instead of Prefect's lines per task, unless ``verbose``; the per-run
     loggers' levels are restored afterwards ("prefect" stays quiet, since the temporary server's
-    "Stopping …" line comes at interpreter exit, after the run dir)."""
+    "Stopping …" line comes at interpreter exit, after the run dir).
+
+    With a Prefect server configured (``PREFECT_API_URL``), the run loggers stay at INFO so the
+    flow run's logs in the UI hold the progress lines; only the console drops their INFO lines.
+    With Prefect's temporary server nobody reads those logs, so they are not made at all.
+    """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network calls
     # Prefect waits 20 s for its temporary server; its first start on a busy machine takes longer
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     saved = {name: logging.getLogger(name).level for name in QUIET_LOGGERS if name != "prefect"}
+    console_filter = _RunLinesOffConsole()
     if not verbose:
         for name, level in QUIET_LOGGERS.items():
-            logging.getLogger(name).setLevel(level)
+            if name == "prefect" or not has_prefect_server():
+                logging.getLogger(name).setLevel(level)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(console_filter)
     try:
         yield
     finally:
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(console_filter)
+
+
+def has_prefect_server() -> bool:
+    """True when Prefect is pointed at a server (``PREFECT_API_URL``, or the active profile)."""
+    if os.environ.get("PREFECT_API_URL"):  # read before Prefect's settings (cached at import)
+        return True
+    from prefect.settings import get_current_settings
+
+    return bool(get_current_settings().api.url)
+
+
+class _RunLinesOffConsole(logging.Filter):
+    """Drops the flow / task run loggers' INFO records from a console handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        is_run_line = record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
+        return not (is_run_line and record.levelno < logging.WARNING)
 
 
 def fail_in_one_line(

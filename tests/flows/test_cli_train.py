@@ -59,3 +59,22 @@ def test_missing_model_directory_exits_1_naming_it(prefect_harness, tmp_path):
     )  # fmt: skip
     assert result.exit_code == 1
     assert "no-model" in result.output and "make-tiny-model" in result.output
+
+
+def test_quiet_prefect_keeps_run_logs_for_a_prefect_server(monkeypatch):
+    import logging
+
+    from flows.cli_train import _RunLinesOffConsole, quiet_prefect
+
+    record = logging.LogRecord("prefect.flow_runs", logging.INFO, __file__, 1, "step 1/2", (), None)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with quiet_prefect(False):  # the temporary server: the run lines are not made at all
+        assert logging.getLogger("prefect.flow_runs").level == logging.CRITICAL
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    with quiet_prefect(False):  # a server: its UI gets them, the console does not
+        assert logging.getLogger("prefect.flow_runs").getEffectiveLevel() <= logging.INFO
+        filters = [f for h in logging.getLogger().handlers for f in h.filters]
+        assert any(isinstance(f, _RunLinesOffConsole) and not f.filter(record) for f in filters)
+    assert not any(
+        isinstance(f, _RunLinesOffConsole) for h in logging.getLogger().handlers for f in h.filters
+    )
