@@ -61,16 +61,24 @@ def test_missing_model_directory_exits_1_naming_it(prefect_harness, tmp_path):
     assert "no-model" in result.output and "make-tiny-model" in result.output
 
 
+def test_a_prefect_server_is_seen_in_the_environment(monkeypatch):
+    from flows.cli_train import has_prefect_server
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    assert has_prefect_server()
+
+
 def test_quiet_prefect_keeps_run_logs_for_a_prefect_server(monkeypatch):
     import logging
 
+    from flows import cli_train
     from flows.cli_train import _RunLinesOffConsole, quiet_prefect
 
     record = logging.LogRecord("prefect.flow_runs", logging.INFO, __file__, 1, "step 1/2", (), None)
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(cli_train, "has_prefect_server", lambda: False)
     with quiet_prefect(False):  # the temporary server: the run lines are not made at all
         assert logging.getLogger("prefect.flow_runs").level == logging.CRITICAL
-    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    monkeypatch.setattr(cli_train, "has_prefect_server", lambda: True)
     with quiet_prefect(False):  # a server: its UI gets them, the console does not
         assert logging.getLogger("prefect.flow_runs").getEffectiveLevel() <= logging.INFO
         filters = [f for h in logging.getLogger().handlers for f in h.filters]
