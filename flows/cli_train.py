@@ -49,9 +49,10 @@ def quiet_prefect(verbose: bool) -> Iterator[None]:
     saved = {name: logging.getLogger(name).level for name in QUIET_LOGGERS if name != "prefect"}
     console_filter = _RunLinesOffConsole()
     if not verbose:
+        to_server = has_prefect_server()
         for name, level in QUIET_LOGGERS.items():
-            if name == "prefect" or not has_prefect_server():
-                logging.getLogger(name).setLevel(level)
+            keep = to_server and name != "prefect"  # INFO for the UI, not inherited WARNING
+            logging.getLogger(name).setLevel(logging.INFO if keep else level)
         for handler in logging.getLogger().handlers:
             handler.addFilter(console_filter)
     try:
