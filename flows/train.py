@@ -141,7 +141,10 @@ def default_run_dir(cfg: PPORunConfig) -> str:
 def load_datasets(cfg: PPORunConfig, tokenizer: Any) -> tuple[Any, Any]:
     """(train, validation) ``PromptDataset`` from data.train_files / data.val_files and the
     other ``data.*`` keys (``stages.data.from_config.load_split``)."""
-    return load_split(cfg.data, tokenizer, "train"), load_split(cfg.data, tokenizer, "val")
+    return (  # every row's route checked against the scorers here, before step 1
+        load_split(cfg.data, tokenizer, "train", cfg.reward),
+        load_split(cfg.data, tokenizer, "val", cfg.reward),
+    )
 
 
 @dataclass

@@ -6,6 +6,7 @@ import typer
 from typer.testing import CliRunner
 
 from flows import cli_train
+from stages.data.demo_task import make_demo_data
 from stages.data.tiny_model import make_tiny_model
 
 
@@ -86,3 +87,25 @@ def test_quiet_prefect_keeps_run_logs_for_a_prefect_server(monkeypatch):
     assert not any(
         isinstance(f, _RunLinesOffConsole) for h in logging.getLogger().handlers for f in h.filters
     )
+
+
+def test_an_unknown_data_source_fails_before_the_first_step(prefect_harness, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    model = make_tiny_model(tmp_path / "model")
+    train_file, val_file = make_demo_data(tmp_path / "data")
+    table = pq.read_table(train_file)
+    sources = table.column("data_source").to_pylist()
+    sources[3] = "my/unknown"
+    index = table.schema.get_field_index("data_source")
+    pq.write_table(table.set_column(index, "data_source", pa.array(sources)), train_file)
+    result = CliRunner().invoke(
+        app(),
+        ["train", "demo-cpu", f"data.train_files=[{train_file}]", f"data.val_files=[{val_file}]",
+         f"actor_rollout_ref.model.path={model}", "--run-dir", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "'my/unknown'" in lines[0] and "row 3" in lines[0], result.output
+    assert not (tmp_path / "run" / "step_1").exists()  # nothing ran
