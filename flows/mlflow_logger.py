@@ -24,7 +24,7 @@
 * Metrics: one ``log_batch`` per step (20× faster than one call per metric on SQLite), with
   ``step=global_step``. Names are sanitized one-to-one (stages/metrics/naming.py); the mapping
   sanitized → original is the artifact ``metric_names.json`` and each metric's description
-  (stages/metrics/catalog.py) is ``metric_descriptions.json``, rewritten when new names appear,
+  (stages/metrics/catalog.py, flows/run_identity.py) is ``metric_descriptions.json``, rewritten when new names appear,
   together with the run description (tag ``mlflow.note.content``, flows/run_description.py): a
   header from the run's tags (:meth:`MLflowLogger.set_tags`) and a table of what each logged
   metric measures and its denominator.
@@ -73,8 +73,7 @@ from mlflow.utils.validation import (
 from flows.cache_keys import jsonable
 from flows.mlflow_store import artifact_location, creation_lock, default_tracking_uri
 from flows.plots import PlotReport, write_run_plots
-from flows.run_description import NOTE_TAG, description_markdown
-from stages.metrics.catalog import describe_metric
+from flows.run_description import NOTE_TAG, describe, description_markdown
 from stages.metrics.naming import restore_metric_name, sanitize_metric_name
 
 if TYPE_CHECKING:
@@ -164,13 +163,6 @@ def table_columns(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
     rows = list(rows)
     names = dict.fromkeys(name for row in rows for name in row)
     return {name: [row.get(name) for row in rows] for name in names}
-
-
-def _describe(name: str) -> str:
-    try:
-        return describe_metric(name)
-    except KeyError:
-        return "(no description in stages/metrics/catalog.py)"
 
 
 class MLflowLogger:
@@ -525,7 +517,7 @@ class MLflowLogger:
 
     def _log_descriptions(self, run_id: str) -> None:
         """The name mapping, each name's description and the run description (module doc)."""
-        descriptions = {name: _describe(name) for name in self._names.values()}
+        descriptions = {name: describe(name) for name in self._names.values()}
         self._client.log_dict(run_id, dict(sorted(self._names.items())), NAMES_ARTIFACT)
         self._client.log_dict(run_id, dict(sorted(descriptions.items())), DESCRIPTIONS_ARTIFACT)
         note = description_markdown(self._names.values(), self._tags, self.experiment)

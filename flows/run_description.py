@@ -3,7 +3,8 @@
 MLflow shows the tag ``mlflow.note.content`` as the run's description (markdown). ppoflow writes
 there a header from the run's tags (run directory, ppoflow version and commit, config digest,
 resumed step; flows/run_identity.py) and a table of every metric the run logged, with what it
-measures and its denominator from stages/metrics/catalog.py. Names of one catalog entry share a
+measures and its denominator from stages/metrics/catalog.py (the train flow's own metrics, such
+as ``ppoflow/cache_hits``, from flows/run_identity.py). Names of one catalog entry share a
 row (``critic/score/max``, ``critic/score/mean`` and ``critic/score/min`` are one row), so the
 table has one row per kind of metric.
 
@@ -18,7 +19,8 @@ from collections.abc import Iterable, Mapping
 
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
-from stages.metrics.catalog import find_metric_doc
+from flows.run_identity import FLOW_METRICS
+from stages.metrics.catalog import MetricDoc, find_metric_doc
 
 NOTE_TAG = "mlflow.note.content"
 TABLE_HEAD = "| metric | what it measures | denominator |\n|---|---|---|"
@@ -30,6 +32,26 @@ HEADER_TAGS = (
     ("ppoflow.config_digest", "config sha256", "`{:.16}…`"),
     ("ppoflow.resumed_from_step", "resumed from step", "{}"),
 )
+
+
+def metric_doc(name: str) -> MetricDoc | None:
+    """The description of ``name``: the catalog's entry, else the train flow's own
+    (flows/run_identity.py ``FLOW_METRICS``), else None.
+
+    >>> metric_doc("ppoflow/cache_hits").denominator, metric_doc("actor/nope")
+    ("none (a count of the step's stages)", None)
+    """
+    return find_metric_doc(name) or FLOW_METRICS.get(name)
+
+
+def describe(name: str) -> str:
+    """One line: what ``name`` measures and its denominator, or that nothing describes it.
+
+    >>> describe("training/global_step")
+    'The global step number (1-based). Denominator: none (a counter).'
+    """
+    doc = metric_doc(name)
+    return NO_DOC if doc is None else doc.description()
 
 
 def _cell(text: str) -> str:
@@ -46,7 +68,7 @@ def metric_rows(names: Iterable[str]) -> list[str]:
     """
     groups: dict[str, tuple[list[str], str, str]] = {}
     for name in sorted(set(names)):
-        doc = find_metric_doc(name)
+        doc = metric_doc(name)
         key, what, denominator = (
             (name, NO_DOC, "") if doc is None else (doc.pattern, doc.what, doc.denominator)
         )
@@ -103,4 +125,11 @@ def description_markdown(
     return "\n".join([head, *kept])
 
 
-__all__ = ["NOTE_TAG", "description_markdown", "header_line", "metric_rows"]
+__all__ = [
+    "NOTE_TAG",
+    "describe",
+    "description_markdown",
+    "header_line",
+    "metric_doc",
+    "metric_rows",
+]

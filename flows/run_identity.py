@@ -12,7 +12,8 @@ and each checkpoint record about it, and the history a resume replays.
   started in (``ppoflow resume`` runs from there, so relative config paths mean the same), the
   config digest, the version and commit, and the step it last resumed from.
 * :data:`CACHE_HITS` ``ppoflow/cache_hits``: a metric of every step (``flows.train.step_metrics``),
-  the number of the step's stages taken from the cache (:func:`cache_hits`). A metric, not a
+  the number of the step's stages taken from the cache (:func:`cache_hits`), described in
+  :data:`FLOW_METRICS`. A metric, not a
   tag, because it changes per step: a resumed or retrained step shows its hits where they
   happened. ``ppoflow rerun`` leaves it out of its metric diff (flows/rerun.py), since a branch
   hits the cache by design.
@@ -32,21 +33,22 @@ from typing import Any
 from flows.cache_keys import jsonable
 from flows.run_store import RUN_INFO_REQUIRED, RunStore, StageRecord
 from flows.version import ppoflow_version, source_commit
-from stages.metrics.catalog import METRICS, MetricDoc
+from stages.metrics.catalog import MetricDoc
 
 log = logging.getLogger(__name__)
 
 CACHE_HITS = "ppoflow/cache_hits"
-METRICS.add(
-    CACHE_HITS,
-    MetricDoc(
+#: what the train flow's own metrics measure, beside stages/metrics/catalog.py's (which documents
+#: the stages' metrics and generates docs/metrics.md): looked up by flows/run_description.py
+FLOW_METRICS = {
+    CACHE_HITS: MetricDoc(
         CACHE_HITS,
         "Stages of the step whose output was taken from the cache (a stored artifact with the same "
         "cache key) instead of computed; weight updates always compute.",
         "none (a count of the step's stages)",
         "train flow",
     ),
-)
+}
 #: the keys of run_info.json that other commands (``ppoflow runs``) read; always present
 RUN_INFO_KEYS = RUN_INFO_REQUIRED
 
@@ -166,6 +168,7 @@ def resume_history(
 
 __all__ = [
     "CACHE_HITS",
+    "FLOW_METRICS",
     "RUN_INFO_KEYS",
     "cache_hits",
     "config_digest",

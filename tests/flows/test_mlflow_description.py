@@ -3,7 +3,14 @@ and the cut at MLflow's tag length that says what was left out."""
 
 from __future__ import annotations
 
-from flows.run_description import NO_DOC, description_markdown, header_line, metric_rows
+from flows.run_description import (
+    NO_DOC,
+    describe,
+    description_markdown,
+    header_line,
+    metric_rows,
+)
+from flows.run_identity import CACHE_HITS, FLOW_METRICS
 from stages.metrics.catalog import find_metric_doc, step_metric_names
 
 FLAGS = dict(
@@ -29,6 +36,15 @@ def test_every_row_is_a_catalog_entry_with_its_denominator():
 def test_an_unknown_metric_gets_a_row_saying_so():
     (row,) = metric_rows(["my_plugin/thing"])
     assert row == f"| `my_plugin/thing` | {NO_DOC} |  |"
+    assert describe("my_plugin/thing") == NO_DOC
+
+
+def test_the_flows_own_metrics_are_described_without_entering_the_catalog():
+    assert find_metric_doc(CACHE_HITS) is None  # docs/metrics.md is the catalog's alone
+    (row,) = metric_rows([CACHE_HITS])
+    doc = FLOW_METRICS[CACHE_HITS]
+    assert row == f"| `{CACHE_HITS}` | {doc.what} | {doc.denominator} |"
+    assert describe(CACHE_HITS) == doc.description()
 
 
 def test_the_header_shows_only_the_tags_that_are_set():
