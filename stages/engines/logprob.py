@@ -74,6 +74,7 @@ def response_logprobs(
     temperature: float = 1.0,
     calculate_entropy: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    trim: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """log π(response token | prefix) / temperature-scaled, for each response position.
 
@@ -81,12 +82,13 @@ def response_logprobs(
         model: a Hugging Face causal LM (``get_decoder()`` and ``get_output_embeddings()``).
         input_ids, attention_mask, position_ids: (B, T), prompt left-padded, response right-padded.
         response_length: R, the width of the response part (the last R columns).
+        trim: run the forward only on the columns some row needs
+            (``stages.engines.trimming.real_span``); False runs it on every column as given.
 
     Returns:
-        ((B, R) float32 log-probs, (B, R) float32 entropy or None). The forward runs only on the
-        columns some row needs (``stages.engines.trimming.real_span``); response columns that
-        are padding in every row get 0, the others are computed like any other position, and
-        callers mask response padding with ``response_mask``.
+        ((B, R) float32 log-probs, (B, R) float32 entropy or None). With ``trim``, response
+        columns that are padding in every row get 0; the others are computed like any other
+        position, and callers mask response padding with ``response_mask``.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute log-probs, got {temperature}")
@@ -95,36 +97,23 @@ def response_logprobs(
         raise ValueError(
             f"response_length must be in 1..{total - 1} for sequences of {total} tokens, got {response_length}"
         )
-    start, stop = real_span(attention_mask, response_length)
-    logprobs, entropy = full_width_logprobs(
-        model,
-        input_ids[:, start:stop],
-        attention_mask[:, start:stop],
-        position_ids[..., start:stop],
-        stop - (total - response_length),
-        temperature=temperature,
-        calculate_entropy=calculate_entropy,
-        chunk_tokens=chunk_tokens,
-    )
-    return (
-        pad_response_columns(logprobs, response_length),
-        pad_response_columns(entropy, response_length),
-    )
-
-
-def full_width_logprobs(
-    model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    position_ids: Tensor,
-    response_length: int,
-    *,
-    temperature: float = 1.0,
-    calculate_entropy: bool = False,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-) -> tuple[Tensor, Tensor | None]:
-    """:func:`response_logprobs` on every column as given (no trimming); same arguments."""
-    total = input_ids.shape[1]
+    if trim:
+        start, stop = real_span(attention_mask, response_length)
+        logprobs, entropy = response_logprobs(
+            model,
+            input_ids[:, start:stop],
+            attention_mask[:, start:stop],
+            position_ids[..., start:stop],
+            stop - (total - response_length),
+            temperature=temperature,
+            calculate_entropy=calculate_entropy,
+            chunk_tokens=chunk_tokens,
+            trim=False,
+        )
+        return (
+            pad_response_columns(logprobs, response_length),
+            pad_response_columns(entropy, response_length),
+        )
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     hidden = decoder(
         input_ids=input_ids,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from stages.engines.critic import ValueModel
-from stages.engines.logprob import full_width_logprobs, response_logprobs
+from stages.engines.logprob import response_logprobs
 from stages.engines.models import load_causal_lm, load_value_model
 from stages.engines.rollout_hf import SamplingSettings, _generate_rows
 from stages.engines.trimming import real_span
@@ -36,11 +36,13 @@ def test_log_probs_entropy_and_gradients_equal_the_full_width(tiny_model_dir, ma
     real = t["response_mask"].bool()
     args = (t["input_ids"], t["attention_mask"], t["position_ids"], R)
     results = []
-    for fn in (response_logprobs, full_width_logprobs):
+    for trim in (True, False):
         torch.manual_seed(0)
         model = load_causal_lm(tiny_model_dir)
         widths = forward_widths(model)
-        logprobs, entropy = fn(model, *args, temperature=0.7, calculate_entropy=True)
+        logprobs, entropy = response_logprobs(
+            model, *args, temperature=0.7, calculate_entropy=True, trim=trim
+        )
         (logprobs * real).sum().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         results.append((logprobs, entropy, grads, widths))
