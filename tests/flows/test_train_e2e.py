@@ -25,6 +25,16 @@ REPO = Path(__file__).resolve().parents[2]
 ALWAYS = ["rollout", "balance", "reward", "old_log_prob", "advantage", "update_actor"]
 
 
+def all_artifacts(page: int = 100) -> list:
+    """Every artifact on the Prefect server, page by page: one read returns at most the server's
+    default limit, in no particular order, and the session's server holds every slow test's."""
+    found: list = []
+    with get_client(sync_client=True) as client:
+        while batch := client.read_artifacts(limit=page, offset=len(found)):
+            found += batch
+    return found
+
+
 @pytest.fixture(scope="module")
 def demo_inputs(tmp_path_factory, make_demo_inputs) -> Path:
     return make_demo_inputs(tmp_path_factory.mktemp("demo"))
@@ -62,10 +72,7 @@ def test_grpo_three_steps(demo_inputs, tmp_path, tiny_run_overrides):
     assert result.val_before is not None and result.val_after is not None
     assert (tmp_path / "checkpoints" / "global_step_3" / "actor").is_dir()
     assert (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"
-    with get_client(sync_client=True) as client:
-        reports = [
-            a.data for a in client.read_artifacts() if a.data and result.mlflow_run_id in a.data
-        ]
+    reports = [a.data for a in all_artifacts() if a.data and result.mlflow_run_id in a.data]
     assert len(reports) == 3 and all("| update_actor | ran |" in report for report in reports)
 
 
