@@ -10,7 +10,16 @@ latest_checkpointed_iteration.txt`` = N. One role's checkpoint directory holds:
 - ``rng_state_rank{r}.pt`` — python / numpy / torch CPU / CUDA generator states of rank r, tensors
   and plain numbers only (read back with ``torch.load(weights_only=True)``);
 - ``client_state.json`` — the caller's small state (step counters, data-loader position, …);
-- ``ppoflow_checkpoint.json`` — the manifest (format, world size, ZeRO stage), written last.
+- ``ppoflow_checkpoint.json`` — the role's manifest (format, world size, ZeRO stage), written
+  last.
+
+The step above the roles gets its own manifest, the digest of every file of every role
+(``stages/engines/checkpoint_manifest.py``), which the flows check before a load
+(``flows/checkpoints.py``). Loading here reads no file with ``torch.load(weights_only=False)``:
+the engine's DeepSpeed files go through a weights-only checkpoint engine, the LR schedule and RNG
+states through ``weights_only_load`` (``stages/engines/safe_load.py``); a file that names any
+other Python global is refused with one line naming it, and so is an exception DeepSpeed's load
+raises (a damaged file, or an engine built with other settings).
 
 Atomicity: everything is written into ``.{name}.partial`` beside the final directory, then renamed
 into place; an existing checkpoint is renamed aside to ``.{name}.old`` first and deleted after the
@@ -24,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -33,8 +41,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from stages.engines.checkpoint_manifest import (
+    STEP_DIR,
+    CheckpointIntegrityError,
+    fsync_dir,
+    step_directory,
+)
 from stages.engines.critic import ValueModel
 from stages.engines.logprob import ResponseLogProbModel
+from stages.engines.safe_load import install_weights_only_loader, weights_only_load
 
 FORMAT_VERSION = 1
 STATE_TAG = "state"
@@ -42,7 +57,6 @@ MANIFEST = "ppoflow_checkpoint.json"
 CLIENT_STATE = "client_state.json"
 LR_SCHEDULER = "lr_scheduler.pt"
 LATEST_FILE = "latest_checkpointed_iteration.txt"  # verl's tracker name
-_STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
 # --- paths and the latest-step tracker ---
@@ -50,11 +64,9 @@ _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 def checkpoint_dir(root: str | Path, step: int, role: str) -> Path:
     """``root/global_step_{step}/{role}`` (role: actor, critic, …)."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be an int ≥ 0, got {step!r}")
     if not role or "/" in role or role.startswith("."):
         raise ValueError(f"role must be a plain directory name such as 'actor', got {role!r}")
-    return Path(root) / f"global_step_{step}" / role
+    return step_directory(root, step) / role
 
 
 def write_latest_step(root: str | Path, step: int) -> None:
@@ -69,7 +81,7 @@ def write_latest_step(root: str | Path, step: int) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(partial, root / LATEST_FILE)
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 def read_latest_step(root: str | Path) -> int | None:
@@ -88,7 +100,7 @@ def checkpoint_steps(root: str | Path) -> list[int]:
     root = Path(root)
     if not root.is_dir():
         return []
-    matches = (_STEP_DIR.match(entry.name) for entry in root.iterdir() if entry.is_dir())
+    matches = (STEP_DIR.fullmatch(entry.name) for entry in root.iterdir() if entry.is_dir())
     return sorted(int(m.group(1)) for m in matches if m)
 
 
@@ -166,22 +178,34 @@ def load_engine_checkpoint(engine, directory: str | Path) -> dict[str, Any]:
             f"checkpoint {directory} was saved with (world_size, zero_stage, lr_scheduler)="
             f"{saved}; this engine has {here}. Load it into an engine built with the same settings."
         )
-    load_path, _ = engine.load_checkpoint(
-        str(directory),
-        tag=manifest["deepspeed_tag"],
-        load_optimizer_states=True,
-        load_lr_scheduler_states=True,
-    )
-    if load_path is None:
-        raise FileNotFoundError(
-            f"DeepSpeed found no engine state under {directory / manifest['deepspeed_tag']}"
-        )
+    _load_deepspeed_state(engine, directory, manifest["deepspeed_tag"])
     scheduler = _lr_scheduler(engine)
     if scheduler is not None:
-        scheduler.load_state_dict(torch.load(directory / LR_SCHEDULER, weights_only=True))
+        scheduler.load_state_dict(weights_only_load(directory / LR_SCHEDULER))
     client_state = json.loads((directory / CLIENT_STATE).read_text(encoding="utf-8"))
-    restore_rng_state(torch.load(directory / _rng_file(_rank()), weights_only=True))
+    restore_rng_state(weights_only_load(directory / _rng_file(_rank())))
     return client_state
+
+
+def _load_deepspeed_state(engine, directory: Path, tag: str) -> None:
+    """``engine.load_checkpoint`` through the weights-only reader; DeepSpeed's own failures
+    (a bare ``StopIteration`` or ``KeyError`` from a damaged optimizer state) become one line."""
+    install_weights_only_loader(engine)
+    try:
+        load_path, _ = engine.load_checkpoint(
+            str(directory), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+    except CheckpointIntegrityError:
+        raise
+    except Exception as err:
+        message = " ".join(str(err).split()) or "no message"
+        raise CheckpointIntegrityError(
+            f"checkpoint {directory / tag}: DeepSpeed's load failed with {type(err).__name__} "
+            f"({message[:300]}): its files are damaged, or this engine was built with other "
+            "settings than the one that saved it"
+        ) from err
+    if load_path is None:
+        raise FileNotFoundError(f"DeepSpeed found no engine state under {directory / tag}")
 
 
 def _read_manifest(directory: Path) -> dict[str, Any]:
@@ -324,16 +348,8 @@ def _replace_dir(new: Path, final: Path) -> None:
     if final.exists():
         os.rename(final, old)
     os.rename(new, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _rng_file(rank: int) -> str:

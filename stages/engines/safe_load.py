@@ -1,0 +1,141 @@
+"""Reading checkpoint files without running code from them: ``torch.load(weights_only=True)``.
+
+A ``.pt`` file is a pickle, and a pickle can name any Python callable, which ``torch.load``
+with ``weights_only=False`` calls. DeepSpeed 0.19 loads its own files that way
+(``TorchCheckpointEngine.load``, ``deepspeed.utils.zero_to_fp32``), so ppoflow reads every
+checkpoint file through :func:`weights_only_load` instead: torch's restricted unpickler builds
+tensors, containers and plain values, plus exactly the DeepSpeed classes its state files hold
+(:data:`DEEPSPEED_STATE_TYPES`, found by saving ZeRO 0 / 1 / 2 / 3 checkpoints of an actor and a
+critic in float32 and bfloat16 and loading each file: the model-state files need none, the
+optimizer-state files of ZeRO 1–3 the stage enum and the loss scaler, those of ZeRO 1–2 also a
+tensor fragment's address). Any other global is refused before it is built, with one
+:class:`~stages.engines.checkpoint_manifest.CheckpointIntegrityError` line naming the file and
+the global.
+
+- :func:`install_weights_only_loader` wraps a DeepSpeed engine's checkpoint engine in a
+  :class:`WeightsOnlyCheckpointEngine` (DeepSpeed's own torch engine with a weights-only
+  ``load``), so ``engine.load_checkpoint`` reads through it;
+- :func:`weights_only_torch` makes a module's ``torch.load`` weights-only for the length of a
+  block (``deepspeed.utils.zero_to_fp32``, which the ZeRO-3 export calls).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import types
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from stages.engines.checkpoint_manifest import CheckpointIntegrityError
+
+_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+
+
+def deepspeed_state_types() -> list[type]:
+    """The DeepSpeed classes its state files hold (module docstring): the ZeRO stage enum, the
+    loss scaler's plain attributes, a tensor fragment's (start, numel) address."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, LossScaler, fragment_address]
+
+
+def weights_only_load(
+    path: str | os.PathLike, map_location: Any = None, *, mmap: bool = False
+) -> Any:
+    """``torch.load(path, weights_only=True)`` allowing :func:`deepspeed_state_types`.
+
+    Raises:
+        CheckpointIntegrityError: the file names another global (the global is named), or is
+            not a torch file at all (damaged or truncated).
+    """
+    try:
+        with torch.serialization.safe_globals(deepspeed_state_types()):
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        named = _GLOBAL.search(str(err))
+        what = named.group(1) if named else str(err).splitlines()[0]
+        raise CheckpointIntegrityError(
+            f"refusing to read {os.fspath(path)}: it names {what}, which torch.load("
+            "weights_only=True) does not build; a checkpoint ppoflow wrote holds tensors, plain "
+            "values and DeepSpeed's state classes only (a crafted or foreign file)"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile) as err:  # not a readable torch file
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointIntegrityError(
+            f"checkpoint file {os.fspath(path)} cannot be read as a torch file ({first}); it is "
+            "damaged or truncated"
+        ) from None
+
+
+def _load_ignoring_weights_only(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
+    """A ``torch.load`` stand-in for DeepSpeed's readers: weights-only whatever they ask."""
+    kwargs.pop("weights_only", None)
+    return weights_only_load(f, map_location, mmap=bool(kwargs.pop("mmap", False)))
+
+
+class WeightsOnlyCheckpointEngine:
+    """A DeepSpeed checkpoint engine whose ``load`` is :func:`weights_only_load`; everything else
+    (``save``, ``commit``, …) is the wrapped engine's own."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        return weights_only_load(path, map_location)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def install_weights_only_loader(engine: Any) -> None:
+    """Make ``engine.load_checkpoint`` read its files with :func:`weights_only_load`: the
+    engine's ``TorchCheckpointEngine`` (what ppoflow's DeepSpeed config selects) is wrapped in a
+    :class:`WeightsOnlyCheckpointEngine`. Idempotent.
+
+    Raises:
+        TypeError: the engine uses another checkpoint engine (DeepSpeed's fast / decoupled /
+            DataStates writers), whose reads this module does not cover.
+    """
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    current = engine.checkpoint_engine
+    if isinstance(current, WeightsOnlyCheckpointEngine):
+        return
+    if type(current) is not TorchCheckpointEngine:
+        raise TypeError(
+            f"the engine reads checkpoints with {type(current).__name__}; ppoflow loads "
+            "checkpoints only through DeepSpeed's TorchCheckpointEngine (weights-only reads)"
+        )
+    engine.checkpoint_engine = WeightsOnlyCheckpointEngine(current)
+
+
+@contextmanager
+def weights_only_torch(module: types.ModuleType) -> Iterator[None]:
+    """Within the block, ``module.torch.load`` is :func:`weights_only_load` (every other
+    attribute is torch's); for DeepSpeed readers that call ``torch.load(weights_only=False)``
+    themselves. Only ``module``'s global name ``torch`` changes, and only meanwhile."""
+    original = module.torch
+    proxy = types.ModuleType("torch", "torch, with weights-only torch.load")
+    proxy.__getattr__ = lambda name: getattr(torch, name)  # type: ignore[method-assign]
+    proxy.load = _load_ignoring_weights_only  # type: ignore[attr-defined]
+    module.torch = proxy
+    try:
+        yield
+    finally:
+        module.torch = original
+
+
+__all__ = [
+    "deepspeed_state_types",
+    "install_weights_only_loader",
+    "weights_only_load",
+    "weights_only_torch",
+]
