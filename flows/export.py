@@ -14,23 +14,25 @@ Where the weights are: a run's checkpoints are under its config's ``trainer.defa
 ``actor_rollout_ref.model.path`` and ``tokenizer_path``: a checkpoint holds weights only. Given
 a checkpoint directory instead of a run, the base model directory is passed as ``base``.
 
+Checked before it is read: the step's manifest (``stages/engines/checkpoint_manifest.py``)
+must list the actor's files with their sizes and BLAKE3 digests, and every file must match
+(``verify="full"``, the default; ``"fast"`` checks sizes only), else one
+``CheckpointIntegrityError`` line names the file.
+
 Reading DeepSpeed's files without running code from them. They are torch pickles, and a pickle
-can name any Python callable. Everything here is read with ``torch.load(weights_only=True)``,
-whose unpickler builds only tensors, containers and plain values and refuses any other global:
+can name any Python callable. Everything here is read with ``torch.load(weights_only=True)``
+(``stages/engines/safe_load.py``), whose unpickler builds only tensors, containers, plain values
+and the three DeepSpeed classes its optimizer state holds, and refuses any other global, naming
+the file and the global:
 
 - ZeRO 0–2: ``state/mp_rank_00_model_states.pt`` holds the whole model (``module``) in the
-  compute dtype — the weights the engine generates with. It loads with ``weights_only=True`` as
-  it is (memory-mapped, so the optimizer state in the same file is not read).
+  compute dtype — the weights the engine generates with. It loads as it is (memory-mapped, so
+  the optimizer state in the same file is not read).
 - ZeRO 3: each rank's model file holds placeholders; the parameters are the fp32 partitions in
   the ``*_optim_states.pt`` files, which DeepSpeed's documented
   ``deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`` joins. That
-  function (DeepSpeed 0.19) calls ``torch.load(weights_only=False)``. So every file it reads is
-  first loaded here with ``weights_only=True``, allowing besides the defaults only the three
-  DeepSpeed classes its optimizer state holds (:data:`DEEPSPEED_CHECKPOINT_TYPES`: an enum, a
-  dataclass of two ints, the loss scaler's attributes), and the export stops, naming the file
-  and the global, if any file names anything else. Only then does DeepSpeed read them. (A file
-  replaced between the check and DeepSpeed's read would escape the check: the directory must not
-  be writable by someone you do not trust while it is exported.)
+  function (DeepSpeed 0.19) calls ``torch.load(weights_only=False)``, so it runs with its
+  module's ``torch.load`` replaced by the weights-only reader (``weights_only_torch``).
 
 The weights are then cast to the export dtype (default: the run's
 ``actor_rollout_ref.model.dtype``; for a bare checkpoint, the compute dtype in its DeepSpeed
@@ -48,8 +50,6 @@ import contextlib
 import io
 import json
 import os
-import pickle
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,28 +59,18 @@ import torch
 
 from flows.run_index import is_run_dir, working_dir
 from stages.engines.checkpoint import MANIFEST, STATE_TAG, checkpoint_steps
+from stages.engines.checkpoint_manifest import STEP_DIR, CheckpointVerify, verify_checkpoint
+from stages.engines.safe_load import weights_only_load, weights_only_torch
 
 ACTOR_ROLE = "actor"
 EXPORT_FILE = "ppoflow_export.json"
 LM_PREFIX = "lm."  # ResponseLogProbModel keeps the Hugging Face model as .lm
 ZERO_MODEL_FILE = "mp_rank_00_model_states.pt"  # ZeRO 0–2: the whole module, rank 0
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_STEP_DIR = re.compile(r"global_step_(\d+)")
-_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
 
 
 class ExportError(ValueError):
     """A bad export request: no such run or step, no base model, an output that is not empty."""
-
-
-def deepspeed_checkpoint_types() -> list[type]:
-    """The DeepSpeed classes a ZeRO-3 optimizer-state file may hold (ZeRO stage enum, the loss
-    scaler's plain attributes, a tensor fragment's (start, numel) address)."""
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [ZeroStageEnum, LossScaler, fragment_address]
 
 
 # --- where the weights are ----------------------------------------------------------------------
@@ -96,16 +86,19 @@ class ActorCheckpoint:
     world_size: int
 
     @classmethod
-    def at(cls, path: str | os.PathLike) -> ActorCheckpoint:
-        """The actor checkpoint at ``path``: a ``global_step_<K>`` folder or its ``actor``."""
+    def at(cls, path: str | os.PathLike, verify: CheckpointVerify = "full") -> ActorCheckpoint:
+        """The actor checkpoint at ``path``: a ``global_step_<K>`` folder or its ``actor``,
+        checked against the step's manifest (module docstring)."""
         path = Path(path)
-        directory = path / ACTOR_ROLE if _STEP_DIR.fullmatch(path.name) else path
-        match = _STEP_DIR.fullmatch(directory.parent.name)
+        directory = path / ACTOR_ROLE if STEP_DIR.fullmatch(path.name) else path
+        match = STEP_DIR.fullmatch(directory.parent.name)
         if directory.name != ACTOR_ROLE or match is None:
             raise ExportError(
                 f"{path} is neither a run directory (config.json) nor a checkpoint folder; "
                 "expected a run directory or …/global_step_<K> (or …/global_step_<K>/actor)"
             )
+        step = int(match.group(1))
+        verify_checkpoint(directory.parent.parent, step, (ACTOR_ROLE,), verify)
         manifest_file = directory / MANIFEST
         if not manifest_file.is_file():
             raise ExportError(
@@ -113,7 +106,7 @@ class ActorCheckpoint:
                 "ppoflow train"
             )
         manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
-        return cls(directory, int(match.group(1)), manifest["zero_stage"], manifest["world_size"])
+        return cls(directory, step, manifest["zero_stage"], manifest["world_size"])
 
     def compute_dtype(self) -> str:
         """The dtype the engine computed in (its DeepSpeed config: bf16 enabled or not)."""
@@ -143,28 +136,23 @@ class ActorCheckpoint:
         return {name.removeprefix(LM_PREFIX): tensor for name, tensor in module.items()}
 
     def _zero3_fp32_weights(self) -> dict[str, torch.Tensor]:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        from deepspeed.utils import zero_to_fp32
 
-        state = self.directory / STATE_TAG
-        files = [*self.model_files(), *sorted(state.glob("*_optim_states.pt"))]
-        with torch.serialization.safe_globals(deepspeed_checkpoint_types()):
-            for file in files:
-                self._load(file)
-        with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
-            return dict(get_fp32_state_dict_from_zero_checkpoint(str(self.directory), STATE_TAG))
+        progress = io.StringIO()  # its progress lines and bars
+        with (
+            weights_only_torch(zero_to_fp32),
+            contextlib.redirect_stdout(progress),
+            contextlib.redirect_stderr(progress),
+        ):
+            joined = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
+                str(self.directory), STATE_TAG
+            )
+        return dict(joined)
 
     def _load(self, file: Path) -> dict[str, Any]:
         if not file.is_file():
             raise ExportError(f"{self.directory} is incomplete: {file.name} is missing")
-        try:
-            return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-        except pickle.UnpicklingError as err:
-            named = _GLOBAL.search(str(err))
-            what = named.group(1) if named else str(err).splitlines()[0]
-            raise ExportError(
-                f"refusing to read {file}: it names {what}, which torch.load(weights_only=True) "
-                "does not build; a checkpoint written by ppoflow holds tensors and plain values only"
-            ) from None
+        return weights_only_load(file, "cpu", mmap=True)
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,10 @@ Engines are built lazily (:class:`LazyEngines`): only a stage that actually comp
 one. Weight-reading stages need the weights at the start of step k: the initial model for step
 1, else the checkpoint saved after step k − 1 (``trainer.save_freq``) under
 ``trainer.default_local_dir`` (the parent's, unless an override points elsewhere); if it is
-missing the stage fails naming the checkpoint and how to get one. The weights fingerprints of
-the cache keys are the parent journal's ``weights``.
+missing the stage fails naming the checkpoint and how to get one, and it is checked against
+its step's manifest before the engine is built (``verify_checkpoint``, every file hashed: a
+damaged or moved checkpoint is one ``CheckpointIntegrityError`` line naming the file). The
+weights fingerprints of the cache keys are the parent journal's ``weights``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from flows.step_flow import StepFlow, StepResult, run_step
 from flows.train import step_metrics
 from stages.config import PPORunConfig, apply_overrides
 from stages.engines.checkpoint import checkpoint_dir
+from stages.engines.checkpoint_manifest import verify_checkpoint
 from stages.ppo import PPO_STAGES
 from stages.reward.stage import LOOP_ENGINE, MODEL_ENGINE
 from stages.stage import Stage, StageContext
@@ -192,6 +195,8 @@ def role_builder(
         restore = step > 1 and role != "ref"  # the reference policy never changes
         if restore and not directory.is_dir():
             raise missing_checkpoint_error(role, step, directory)
+        if restore:
+            verify_checkpoint(checkpoint_root(cfg), step - 1, (role,))
         engine = build_role(cfg, role, total_steps())
         try:
             if restore:

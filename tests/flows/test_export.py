@@ -36,6 +36,7 @@ from stages.config import PPORunConfig, load_config
 from stages.engines.actor import PPOUpdateSettings, update_actor
 from stages.engines.batching import MicroBatching
 from stages.engines.checkpoint import MANIFEST, checkpoint_dir, save_engine_checkpoint
+from stages.engines.checkpoint_manifest import write_step_manifest
 from stages.engines.deepspeed_setup import EngineSettings, initialize_engine
 from stages.engines.logprob import ResponseLogProbModel
 from stages.engines.models import load_causal_lm
@@ -105,6 +106,7 @@ def engine_checkpoint(base: Path, root: Path, zero_stage: int, dtype: str) -> di
     engine = initialize_engine(ResponseLogProbModel(lm), settings)
     update_actor(engine, rollout_batch(lm.config.vocab_size), UPDATE, LOSS)
     save_engine_checkpoint(engine, checkpoint_dir(root, 1, "actor"))
+    write_step_manifest(root, 1, ["actor"])  # what save_run_checkpoint adds after the roles
     params = dict(engine.module.lm.named_parameters())
     with deepspeed.zero.GatheredParameters(list(params.values())):
         return {name: param.detach().clone() for name, param in params.items()}
@@ -175,6 +177,7 @@ def test_a_pickled_global_is_refused_before_it_runs(base_model, tmp_path):
     (actor / MANIFEST).write_text(json.dumps({"format": 1, "world_size": 1, "zero_stage": 0}))
     file = actor / "state" / "mp_rank_00_model_states.pt"
     torch.save({"module": {"lm.x": torch.zeros(1)}, "extra": Trap(marker)}, file)
+    write_step_manifest(tmp_path / "ckpt", 1, ["actor"])  # whoever planted it signs it too
     line = one_error_line(export(actor, tmp_path / "hf", "--base", base_model))
     assert "refusing to read" in line and "mp_rank_00_model_states.pt" in line
     assert "names io.open" in line  # the global it refused
@@ -190,6 +193,7 @@ def test_zero3_optimizer_files_are_checked_before_deepspeed_reads_them(base_mode
     state = torch.load(optim, weights_only=False)
     state["optimizer_state_dict"]["extra"] = Trap(marker)
     torch.save(state, optim)
+    write_step_manifest(tmp_path / "ckpt", 1, ["actor"])
     line = one_error_line(
         export(tmp_path / "ckpt" / "global_step_1", tmp_path / "hf", "--base", base_model)
     )
@@ -224,6 +228,7 @@ def make_fake_run(tmp_path: Path, checkpoints: str) -> Path:
         actor = checkpoint_dir(tmp_path / "ckpt", step, "actor")
         actor.mkdir(parents=True)
         (actor / MANIFEST).write_text(json.dumps({"format": 1, "world_size": 1, "zero_stage": 0}))
+        write_step_manifest(tmp_path / "ckpt", step, ["actor"])
     return Path(store.root)
 
 

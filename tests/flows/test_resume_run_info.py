@@ -32,6 +32,7 @@ from flows.run_store import RUN_INFO_FILE, RunStore, StageRecord, StepJournal
 from flows.version import ppoflow_version
 from stages.config import load_config
 from stages.engines.checkpoint import read_latest_step
+from stages.engines.checkpoint_manifest import CheckpointIntegrityError
 
 MLFLOW = {
     "mlflow_run_id": "abc123",
@@ -149,5 +150,5 @@ def test_a_checkpoint_records_its_run_and_the_published_step_metrics(tmp_path):
     assert checkpoint_metrics(saved) == metrics
     older = {"global_step": 1, "loader": {}}  # a checkpoint from before these entries
     assert checkpoint_run(older) == dict.fromkeys(identity) and checkpoint_metrics(older) == {}
-    with pytest.raises(FileNotFoundError, match=r"has no data/state\.json"):
+    with pytest.raises(CheckpointIntegrityError, match=r"global_step_4: no such directory"):
         read_run_state(tmp_path / "ckpt", 4)
