@@ -26,7 +26,13 @@ from typing import Annotated
 import typer
 
 from flows.checkpoints import checkpoint_run, read_run_state
-from flows.cli_train import VerboseOption, config_messages, fail_in_one_line, quiet_prefect
+from flows.cli_train import (
+    VerboseOption,
+    config_messages,
+    fail_in_one_line,
+    quiet_prefect,
+    train_in_phases,
+)
 from flows.run_store import CONFIG_FILE, RUN_INFO_FILE, RunStore
 from stages.config import ConfigError, PPORunConfig, apply_overrides
 from stages.engines.checkpoint import read_latest_step
@@ -111,8 +117,6 @@ def resume_command(
 ) -> None:
     """Continue a run in place from its newest checkpoint, in the same MLflow run; the last
     line printed is the run directory."""
-    from flows.train import train
-
     with quiet_prefect(verbose), config_messages():
         try:
             store = open_resumable(run_dir)
@@ -122,7 +126,7 @@ def resume_command(
                 cfg, _ = resume_config(store, overrides or [])
                 if moved:
                     typer.echo(f"working directory: {origin} (where the run started)")
-                result = train(cfg, [], store.root)
+                result = train_in_phases(cfg, store.root, f"resume {store.root}", verbose)
         except Exception as err:
             raise fail_in_one_line(err, verbose, usage_errors=(ValueError, ConfigError)) from None
     typer.echo(result.run_dir)

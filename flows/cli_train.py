@@ -10,7 +10,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -118,15 +118,41 @@ def train_command(
     verbose: VerboseOption = False,
 ) -> None:
     """Train with PPO-family RL; the last line printed is the run directory."""
-    from flows.train import resolve_config, train
+    from flows.step_flow import describe_source
+    from flows.train import resolve_config
 
     with quiet_prefect(verbose), config_messages():
         try:
             cfg = resolve_config(config, overrides or [])  # a bad config fails before Prefect
-            result = train(cfg, [], run_dir)
+            result = train_in_phases(cfg, run_dir, describe_source(config, overrides), verbose)
         except Exception as err:
             raise fail_in_one_line(err, verbose) from None
     typer.echo(result.run_dir)
+
+
+def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -> Any:
+    """Run the train flow with the start-up output of flows/startup.py: a header line naming
+    the build, ``source`` and the run directory; the phases from Prefect's start on; library
+    output in ``<run_dir>/ppoflow.log`` until the first step, unless ``verbose``."""
+    from flows.startup import log_file_for, startup_output
+    from flows.train import default_run_dir, train
+    from flows.version import ppoflow_version
+
+    run_dir = run_dir or default_run_dir(cfg)
+    header = f"ppoflow {ppoflow_version()} · {source} · run dir {run_dir}"
+    with startup_output(header, log_file_for(run_dir), capture=not verbose) as startup:
+        startup.begin("Prefect", prefect_doing())
+        return train(cfg, [], run_dir)
+
+
+def prefect_doing() -> str:
+    """What the Prefect phase waits for: the configured server, or the temporary one."""
+    if has_prefect_server():
+        from prefect.settings import get_current_settings
+
+        url = os.environ.get("PREFECT_API_URL") or get_current_settings().api.url
+        return f"connecting to the Prefect server at {url}"
+    return "starting Prefect's temporary server"
 
 
 def register(app: typer.Typer) -> None:
@@ -134,4 +160,4 @@ def register(app: typer.Typer) -> None:
     app.command("train")(train_command)
 
 
-__all__ = ["register", "train_command"]
+__all__ = ["register", "train_command", "train_in_phases"]

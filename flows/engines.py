@@ -256,21 +256,41 @@ def build_reward(config: Any, tokenizer: Any) -> dict[str, Any]:
     return build_reward_engines(settings_from_config(config), tokenizer)
 
 
-def build_engines(config: Any, tokenizer: Any, total_training_steps: int) -> dict[str, Any]:
-    """Every engine the config needs, keyed for ``StageContext.engines`` (module docstring)."""
+def build_engines(
+    config: Any, tokenizer: Any, total_training_steps: int, startup: Any = None
+) -> dict[str, Any]:
+    """Every engine the config needs, keyed for ``StageContext.engines`` (module docstring);
+    each one an ``engines`` phase of ``startup`` (flows/startup.py; default: only logged)."""
+    from flows.startup import current_startup
+
+    startup = startup or current_startup()
     check_backend(config)
     if not WORKER_BACKENDS.get(config.ppoflow.workers.backend).ranks_in_driver:
         check_gpu_count(config, roles_for(config))
     engines: dict[str, Any] = {}
     try:
         # the scorer processes start first, before any model or process group exists here
-        engines.update(build_reward(config, tokenizer))
+        with startup.phase("engines", "reward: starting the scorers") as shown:
+            rewards = build_reward(config, tokenizer)
+            engines.update(rewards)
+            shown["text"] = "reward: " + (", ".join(rewards) or "none")
         for role in roles_for(config):
-            engines[role] = build_role(config, role, total_training_steps)
+            with startup.phase("engines", f"{role}: {describe_role(config, role)}"):
+                engines[role] = build_role(config, role, total_training_steps)
     except BaseException:
         close_engines(engines)
         raise
     return engines
+
+
+def describe_role(config: Any, role: str) -> str:
+    """``DeepSpeed ZeRO-1, 2 ranks (ray), rollout vllm``: the engine a role runs on."""
+    arr = config.actor_rollout_ref
+    settings = {"actor": arr.actor, "ref": arr.ref, "critic": config.critic}[role]
+    ranks = config.derived.dp_size
+    where = config.ppoflow.workers.backend
+    text = f"DeepSpeed ZeRO-{settings.zero_stage}, {ranks} rank{'s' * (ranks != 1)} ({where})"
+    return text + (f", rollout {arr.rollout.name}" if role == "actor" else "")
 
 
 def close_engines(engines: dict[str, Any]) -> None:

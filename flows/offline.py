@@ -12,6 +12,8 @@ variables, before any of those libraries reads its settings:
 ``RAY_USAGE_STATS_ENABLED=0``           Ray usage stats
 ``VLLM_NO_USAGE_STATS=1``               vLLM usage stats
 ``HF_HUB_DISABLE_TELEMETRY=1``          Hugging Face hub telemetry
+``DO_NOT_TRACK=1``                      Prefect's client (SDK) telemetry, and
+                                        its notice on a terminal
 ======================================  =========================================
 
 Each is a default: a value the user exported is kept. ``PPOFLOW_TELEMETRY=allow`` leaves every
@@ -31,6 +33,7 @@ TELEMETRY_OFF = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "VLLM_NO_USAGE_STATS": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
+    "DO_NOT_TRACK": "1",
 }
 SWITCH = "PPOFLOW_TELEMETRY"
 
@@ -41,7 +44,7 @@ def telemetry_off(environ: MutableMapping[str, str] = os.environ) -> dict[str, s
 
     >>> env = {"RAY_USAGE_STATS_ENABLED": "1"}
     >>> sorted(telemetry_off(env))[:2], env["RAY_USAGE_STATS_ENABLED"]
-    (['HF_HUB_DISABLE_TELEMETRY', 'MLFLOW_DISABLE_TELEMETRY'], '1')
+    (['DO_NOT_TRACK', 'HF_HUB_DISABLE_TELEMETRY'], '1')
     >>> telemetry_off({"PPOFLOW_TELEMETRY": "allow"})
     {}
     """

@@ -55,6 +55,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from prefect import get_run_logger
+from prefect.runtime import flow_run
 
 from dataproto import DataProto
 from dataproto import keys as K
@@ -85,6 +86,7 @@ from flows.run_identity import (
     run_tags,
 )
 from flows.run_store import RunStore, StageRecord
+from flows.startup import Startup, current_startup, describe_model, describe_sinks
 from flows.step_flow import StepFlow, StepResult, describe_source, run_step
 from flows.step_report import flow_run_tag, publish_step_report, report_key
 from flows.validate import validate
@@ -177,14 +179,21 @@ class TrainRun:
         }
 
 
-def open_run(cfg: PPORunConfig, run_dir: str | None) -> TrainRun:
-    """Steps 1–3 of the module docstring (engines and the metric sinks opened last)."""
+def open_run(cfg: PPORunConfig, run_dir: str | None, startup: Startup | None = None) -> TrainRun:
+    """Steps 1–3 of the module docstring (engines and the metric sinks opened last), in the
+    start-up phases model, data, engines, MLflow (flows/startup.py; default: only logged)."""
+    startup = startup or current_startup()
     apply_device(cfg)
     seed_everything(cfg.trainer.seed)
     store = RunStore(run_dir or default_run_dir(cfg))
     store.save_config(cfg)
-    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path)
-    train_set, val_set = load_datasets(cfg, tokenizer)
+    model = cfg.actor_rollout_ref.model
+    with startup.phase("model", f"reading the tokenizer of {model.tokenizer_path}") as shown:
+        tokenizer = load_tokenizer(model.tokenizer_path)
+        shown["text"] = describe_model(model.path)
+    with startup.phase("data", "reading and tokenizing the datasets") as shown:
+        train_set, val_set = load_datasets(cfg, tokenizer)
+        shown["text"] = f"{len(train_set)} train / {len(val_set)} val prompts"
     loader = train_loader(cfg.data, train_set)
     total = cfg.resolve_total_training_steps(len(train_set))
     run = TrainRun(cfg, store, tokenizer, val_set, loader, total)
@@ -192,13 +201,16 @@ def open_run(cfg: PPORunConfig, run_dir: str | None) -> TrainRun:
     run.lineage = WeightsLineage.from_config(cfg)
     if cfg.algorithm.use_kl_in_reward:
         run.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl)
-    run.engines = build_engines(cfg, tokenizer, total)
+    run.engines = build_engines(cfg, tokenizer, total, startup)
     try:
-        resume(run)
+        resume(run, startup)
         resumed_step = None if run.resumed is None else run.resumed.step
         tags = run_tags(cfg, store.root, resumed_step)
-        run.sinks = open_sinks(cfg, store.root if store.is_local else None, tags, run.resumed)
-        record_run_info(run)
+        sinks_phase = "MLflow" if "mlflow" in cfg.trainer.logger else "metrics"
+        with startup.phase(sinks_phase, "opening the metric sinks") as shown:
+            run.sinks = open_sinks(cfg, store.root if store.is_local else None, tags, run.resumed)
+            record_run_info(run)
+            shown["text"] = describe_sinks(run.sinks, cfg.trainer.project_name)
     except BaseException:
         close_engines(run.engines)
         raise
@@ -214,7 +226,7 @@ def record_run_info(run: TrainRun) -> None:
     run.store.save_run_info(run_info(run.cfg, run.store.root, identity, step))
 
 
-def resume(run: TrainRun) -> None:
+def resume(run: TrainRun, startup: Startup | None = None) -> None:
     """Continue from a checkpoint when ``trainer.resume_mode`` finds one (flows/checkpoints.py):
     engines, loader position, KL controller, weights lineage; the next step is N + 1; and
     ``run.resumed``, the MLflow run to continue with the history to fill in (module docstring)."""
@@ -235,11 +247,12 @@ def resume(run: TrainRun) -> None:
         recorded["mlflow_tracking_uri"],
         resume_history(origin, step, checkpoint_metrics(state)),
     )
-    run.progress.console.print(f"resumed from {root}/global_step_{step}")
+    startup = startup or current_startup()
+    startup.say(f"resumed from {root}/global_step_{step}")
     current = run_code(PPO_STAGES, plugin_names(run.cfg)).files
     notice = code_change_notice(state.get("code_files"), current)
     if notice is not None:
-        run.progress.console.print(notice)
+        startup.say(notice)
 
 
 # --- one step ----------------------------------------------------------------------------------
@@ -381,8 +394,13 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
     """
     log = get_run_logger()  # the flow run's logs in the Prefect UI
     log.info("ppoflow: loading config %s", describe_source(config, overrides))
+    startup = current_startup()  # the command line's, else one that only logs
+    startup.logger = log
+    if startup.pending == "Prefect":  # begun by the command line before the flow started
+        startup.end(f"flow run {flow_run.get_name()!r}")
     cfg = resolve_config(config, overrides)
-    run = open_run(cfg, run_dir)
+    run = open_run(cfg, run_dir, startup)
+    startup.ready()
     run.progress.logger = log  # step and validation lines also go to the flow run's logs
     log.info("ppoflow: run directory %s, %d steps", run.store.root, run.total_steps)
     result = TrainResult(run.store.root, None, run.total_steps)

@@ -45,7 +45,7 @@ def test_training_makes_no_outgoing_connection(tmp_path, make_demo_inputs, tiny_
     env.update(PYTHONPATH=str(NETLOG), PPOFLOW_NET_LOG=str(log))
     for variable in ("MLFLOW_DISABLE_TELEMETRY", "PREFECT_SERVER_ANALYTICS_ENABLED",
                      "RAY_USAGE_STATS_ENABLED", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_OFFLINE",
-                     "TRANSFORMERS_OFFLINE"):  # fmt: skip
+                     "TRANSFORMERS_OFFLINE", "DO_NOT_TRACK"):  # fmt: skip
         env.pop(variable, None)  # ppoflow itself must turn them off
     command = [
         sys.executable, "-m", "flows.cli", "train", str(REPO / "configs" / "demo-cpu.yaml"),

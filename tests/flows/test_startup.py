@@ -1,0 +1,225 @@
+"""Start-up output (flows/startup.py): ppoflow's phase lines on the terminal, the libraries' output
+in the run's log file until the first step, ppoflow's own warnings kept on the terminal."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows import cli_train
+from flows.cli_config import config_messages
+from flows.startup import (
+    OutputToFile,
+    Startup,
+    current_startup,
+    describe_model,
+    log_file_for,
+    startup_output,
+)
+from stages.config import ConfigNotice
+from stages.data.tiny_model import make_tiny_model
+
+PREFECT_LINE = re.compile(r"\d\d:\d\d:\d\d\.\d+ \| ")
+FLOWS_FILE = str(Path(cli_train.__file__))  # a file of ppoflow's own packages
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def plain_startup() -> tuple[Startup, io.StringIO, Lines]:
+    from rich.console import Console
+
+    out = io.StringIO()
+    logger = logging.getLogger("test_startup.phases")
+    logger.setLevel(logging.INFO)
+    lines = Lines()
+    logger.handlers = [lines]
+    return Startup(Console(file=out, width=200), logger), out, lines
+
+
+def test_each_phase_prints_and_logs_one_line_with_its_result_and_time():
+    startup, out, lines = plain_startup()
+    with startup.phase("data", "reading the datasets") as shown:
+        shown["text"] = "8 train / 2 val prompts"
+    startup.begin("Prefect", "starting Prefect's temporary server")
+    assert startup.pending == "Prefect"
+    startup.end("flow run 'x'")
+    printed = out.getvalue().splitlines()
+    assert printed[0].startswith("  data     8 train / 2 val prompts  ") and printed[0].endswith(
+        " s"
+    )
+    assert printed[1].startswith("  Prefect  flow run 'x'  ")
+    assert lines.messages[0].startswith("ppoflow: data: 8 train / 2 val prompts (")
+    assert startup.pending is None
+
+
+def test_a_failed_phase_says_what_it_was_doing_and_the_error_propagates():
+    startup, out, _ = plain_startup()
+    with pytest.raises(FileNotFoundError), startup.phase("model", "reading the tokenizer of m"):
+        raise FileNotFoundError("m")
+    assert "  model    reading the tokenizer of m: failed after " in out.getvalue()
+    assert startup.pending is None
+
+
+def test_one_phase_at_a_time():
+    startup, _, _ = plain_startup()
+    startup.begin("data", "x")
+    with pytest.raises(RuntimeError, match="'data' is still open"):
+        startup.begin("model", "y")
+    startup.end("done")
+    with pytest.raises(RuntimeError, match="no start-up phase is open"):
+        startup.end("again")
+
+
+def test_without_the_command_line_a_startup_only_logs():
+    startup = current_startup()
+    assert startup.console is None and startup.capture is None
+    with startup.phase("data", "x"):
+        pass
+    startup.ready()  # nothing to release
+
+
+def test_output_to_file_moves_this_process_and_its_children(tmp_path, capfd):
+    log = tmp_path / "libs.log"
+    capture = OutputToFile(str(log))
+    capture.start()
+    try:
+        os.write(1, b"fd one\n")
+        os.write(2, b"fd two\n")
+        print("print to stdout", file=sys.__stdout__, flush=True)
+        subprocess.run([sys.executable, "-c", "print('from a child')"], check=True)
+    finally:
+        capture.stop()
+    capture.stop()  # idempotent
+    os.write(1, b"after\n")
+    assert log.read_text().splitlines() == ["fd one", "fd two", "print to stdout", "from a child"]
+    assert capfd.readouterr().out == "after\n"
+
+
+def test_startup_output_keeps_ppoflow_on_the_terminal_and_libraries_in_the_log(
+    tmp_path, monkeypatch
+):
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", terminal)  # not fd 1: ppoflow writes to this object
+    log = tmp_path / "run" / "ppoflow.log"
+    library = logging.getLogger("some_library")
+    library.handlers = [logging.StreamHandler(sys.__stderr__)]  # bound at import, as they are
+    library.propagate = False
+    with config_messages(), startup_output("ppoflow x · demo · run dir r", str(log)) as startup:
+        assert current_startup() is startup
+        with startup.phase("engines", "actor: building"):
+            os.write(1, b"DeepSpeed op built successfully\n")
+            library.warning("Creating initial MLflow database tables")
+            logging.getLogger("flows.something").warning("ppoflow's own warning")
+            warnings.warn_explicit("a config notice", ConfigNotice, FLOWS_FILE, 1)
+            with pytest.warns(UserWarning, match="a library warning"):  # not on the terminal
+                warnings.warn_explicit("a library warning", UserWarning, "/site-packages/lib.py", 1)
+            startup.say("resumed from ckpt/global_step_2")
+        startup.ready()
+        os.write(2, b"")  # the descriptors are back
+    shown = terminal.getvalue()
+    assert shown.startswith("ppoflow x · demo · run dir r\n")
+    assert "  engines  actor: building  " in shown and "resumed from ckpt/global_step_2" in shown
+    assert "WARNING: ppoflow's own warning" in shown and "note: a config notice" in shown
+    assert "ready in " in shown and f"library messages in {log}" in shown
+    assert "built successfully" not in shown and "a library warning" not in shown
+    logged = log.read_text()
+    assert "DeepSpeed op built successfully" in logged
+    assert "Creating initial MLflow database tables" in logged
+    assert current_startup() is not startup
+
+
+def test_a_failed_start_names_the_log_and_restores_the_output(tmp_path, monkeypatch, capfd):
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    log = tmp_path / "ppoflow.log"
+    with pytest.raises(ValueError, match="bad"), startup_output("h", str(log)) as startup:
+        startup.begin("Prefect", "starting Prefect's temporary server")
+        os.write(2, b"a traceback from a library\n")
+        raise ValueError("bad")
+    shown = terminal.getvalue().splitlines()
+    assert shown[1].startswith("  Prefect  starting Prefect's temporary server: failed after ")
+    assert shown[2] == f"library messages: {log}"
+    assert log.read_text() == "a traceback from a library\n"
+    os.write(2, b"visible\n")
+    assert capfd.readouterr().err == "visible\n"
+
+
+def test_verbose_moves_nothing(tmp_path, monkeypatch, capfd):
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    log = tmp_path / "ppoflow.log"
+    with startup_output("h", str(log), capture=False) as startup:
+        os.write(2, b"library line\n")
+        startup.ready()
+    assert capfd.readouterr().err == "library line\n"
+    assert not log.exists() and terminal.getvalue().splitlines() == ["h", "ready in 0.0 s"]
+
+
+def test_describe_model_reads_the_config(tmp_path):
+    model = make_tiny_model(tmp_path / "model")
+    text = describe_model(str(model))
+    assert text.startswith("qwen2, 2 layers, hidden ") and text.endswith(f"({model})")
+    assert describe_model(str(tmp_path / "none")) == str(tmp_path / "none")
+
+
+def test_the_log_file_is_in_a_local_run_dir_and_in_tmp_for_a_url(tmp_path):
+    assert log_file_for(str(tmp_path / "run")) == str(tmp_path / "run" / "ppoflow.log")
+    assert (tmp_path / "run").is_dir()
+    remote = log_file_for("s3://bucket/runs/r")
+    assert Path(remote).is_file() and remote.endswith(".log")
+    os.unlink(remote)
+
+
+def test_a_failed_start_from_the_command_line_shows_the_phase_then_one_error(
+    prefect_harness, tmp_path
+):
+    model = make_tiny_model(tmp_path / "model")
+    application = cli_train_app()
+    result = CliRunner().invoke(
+        application,
+        ["train", "demo-cpu", f"data.train_files=[{tmp_path}/none.parquet]",
+         f"data.val_files=[{tmp_path}/none.parquet]", f"actor_rollout_ref.model.path={model}",
+         "--run-dir", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    # the test's Prefect server keeps the run loggers on (flows/cli_train.py quiet_prefect), so
+    # Prefect's own error lines and traceback come in between here
+    lines = result.output.splitlines()
+    expected = [
+        ("ppoflow ", f"run dir {tmp_path / 'run'}"),
+        ("  Prefect  flow run '", ""),
+        ("  model    qwen2, 2 layers", ""),
+        ("  data     reading and tokenizing the datasets: failed after ", ""),
+        (f"library messages: {tmp_path / 'run' / 'ppoflow.log'}", ""),
+        ("error: ", "none.parquet"),
+    ]
+    at = [
+        next(i for i, line in enumerate(lines) if line.startswith(a) and b in line)
+        for a, b in expected
+    ]
+    assert at == sorted(at) and at[-1] == len(lines) - 1, result.output
+
+
+def cli_train_app():
+    import typer
+
+    application = typer.Typer()
+    cli_train.register(application)
+    application.command("other")(lambda: None)
+    return application
