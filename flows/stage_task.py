@@ -9,7 +9,12 @@
    the cache records under ``RunStore.cache_dir``; on a miss the task body (:func:`compute_stage`)
    calls ``stage.fn``, checks the delta holds exactly ``produces``, and writes the artifact
    ``<run>/step_<k>/<stage>/`` with the stage's metrics and cache key in its manifest. The task
-   returns (and Prefect caches) only the :class:`ArtifactRef`, never tensors;
+   returns (and Prefect caches) only the :class:`ArtifactRef`, never tensors. A cache record is
+   JSON naming that reference and nothing else, and Prefect reads records only through ppoflow's
+   checks (flows/cache_records.py): a record ppoflow did not write (a pickle from an earlier
+   version or a planted one, another serializer, garbled or truncated JSON) is never decoded; the
+   stage logs one warning naming the file and is recomputed with the cache refreshed, which
+   replaces the record (:func:`refused_record`);
 4. on a miss the step goes on with the delta just computed (no re-read). A hit does no stage
    work: the artifact is loaded, the delta memory-mapped and the metrics taken from the
    manifest. A cached artifact that is missing, truncated, altered (``verify="full"`` hashes
@@ -52,6 +57,7 @@ from flows.cache_keys import (
     plugin_names,
     stage_key_parts,
 )
+from flows.cache_records import record_problem, task_options
 from flows.code_fingerprint import stage_code
 from flows.dag import batch_keys
 from flows.miss_reasons import miss_reasons
@@ -200,11 +206,9 @@ def _make_task(name: str, cache_dir: str, retries: int, refresh: bool) -> Task:
         _task_body,
         name=name,
         task_run_name=name + "-step{step}",
-        cache_key_fn=_key_from_parameters,
-        persist_result=True,
-        result_storage=Path(cache_dir),
         retries=retries,
         refresh_cache=True if refresh else None,
+        **task_options(cache_dir, _key_from_parameters),
     )
 
 
@@ -213,8 +217,10 @@ def stage_task(
 ) -> Task:
     """The Prefect task of ``stage``: cached by the ``cache_key`` parameter, result an ArtifactRef.
 
-    Cache records (pickled ArtifactRefs named by the key) live in ``cache_dir``. ``retries`` is
-    for idempotent stages only: a weight-writing stage (an optimizer step) is never retried.
+    Cache records live in ``cache_dir``, one per key: JSON naming the ArtifactRef, read only
+    through ppoflow's checks (flows/cache_records.py, :func:`~flows.cache_records.task_options`).
+    ``retries`` is for idempotent stages only: a weight-writing stage (an optimizer step) is
+    never retried.
     ``refresh``: compute even on a cache hit (and replace the record). Tasks are built once per
     (stage, cache_dir, retries, refresh), not per call.
     """
@@ -351,9 +357,10 @@ def run_stage(
         store.cache_dir,
         store.relative(path),
     )
-    ref, computed = call(refresh, retries)
+    refused = None if refresh else refused_record(stage, store.cache_dir, key)
+    ref, computed = call(refresh or refused is not None, retries)
     if computed is not None:
-        reason = refresh_reason if refresh else miss_reason(previous, parts, store)
+        reason = refused or (refresh_reason if refresh else miss_reason(previous, parts, store))
     else:
         reason = "cache hit"
         try:
@@ -380,6 +387,20 @@ def run_stage(
     )
     produced = set(stage.produces) | batch_keys(delta) if stage.extra_outputs else stage.produces
     return StageOutcome(delta, record, artifact_key_fingerprints(ref.fingerprint, produced))
+
+
+def refused_record(stage: Stage, cache_dir: Path, key: str) -> str | None:
+    """The journal reason when the cache record of ``key`` is refused (flows/cache_records.py),
+    after one warning naming the file; None when there is no record or a good one."""
+    problem = record_problem(cache_dir, key)
+    if problem is None:
+        return None
+    _log().warning(
+        "stage %r: %s; it was not decoded: recomputing the stage, which replaces the record",
+        stage.name,
+        problem,
+    )
+    return f"recomputed: {problem}"
 
 
 def miss_reason(previous: StageRecord | None, parts: dict[str, Any], store: RunStore) -> str:
