@@ -308,25 +308,24 @@ def _is_record(entry: dict) -> bool:
 
 
 def _check_record(step_dir: Path, entry: dict, step: int) -> None:
-    """A record's digest, and the step and role it records (4)."""
-    _check_digest(step_dir, entry)
+    """The step and role a record holds, then its digest (4)."""
     path = step_dir / entry["path"]
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
+        _check_digest(step_dir, entry)  # damaged since the save: say so
         raise CheckpointIntegrityError(f"checkpoint {path}: unreadable JSON ({err})") from None
-    if not isinstance(record, dict):
-        return
-    if "global_step" in record and record["global_step"] != step:
+    if isinstance(record, dict) and record.get("global_step", step) != step:
         raise CheckpointIntegrityError(
             f"checkpoint {path}: records step {record['global_step']!r}, but {STEP_MANIFEST} is "
             f"step {step}'s (a role directory moved in from another step)"
         )
-    if "role" in record and record["role"] != entry["role"]:
+    if isinstance(record, dict) and record.get("role", entry["role"]) != entry["role"]:
         raise CheckpointIntegrityError(
             f"checkpoint {path}: records role {record['role']!r}, but lies in the "
             f"{entry['role']!r} directory (role directories swapped)"
         )
+    _check_digest(step_dir, entry)
 
 
 def _check_digest(step_dir: Path, entry: dict) -> None:

@@ -25,7 +25,6 @@ import os
 import pickle
 import re
 import types
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,6 +34,7 @@ import torch
 from stages.engines.checkpoint_manifest import CheckpointIntegrityError
 
 _GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+_REASON = re.compile(r"WeightsUnpickler error:\s*(\S[^\n]*)")
 
 
 def deepspeed_state_types() -> list[type]:
@@ -61,18 +61,29 @@ def weights_only_load(
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         named = _GLOBAL.search(str(err))
-        what = named.group(1) if named else str(err).splitlines()[0]
+        if named is None:
+            raise _unreadable(path, err) from None
         raise CheckpointIntegrityError(
-            f"refusing to read {os.fspath(path)}: it names {what}, which torch.load("
+            f"refusing to read {os.fspath(path)}: it names {named.group(1)}, which torch.load("
             "weights_only=True) does not build; a checkpoint ppoflow wrote holds tensors, plain "
             "values and DeepSpeed's state classes only (a crafted or foreign file)"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile) as err:  # not a readable torch file
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CheckpointIntegrityError(
-            f"checkpoint file {os.fspath(path)} cannot be read as a torch file ({first}); it is "
-            "damaged or truncated"
-        ) from None
+    except OSError:
+        raise
+    except Exception as err:  # any other failure of a pure read: bytes torch cannot parse
+        raise _unreadable(path, err) from None
+
+
+def _unreadable(path: str | os.PathLike, err: Exception) -> CheckpointIntegrityError:
+    """One line for a file torch cannot parse; torch's long weights-only preamble is cut to the
+    unpickler's own reason."""
+    text = str(err)
+    reason = _REASON.search(text)
+    what = reason.group(1) if reason else (text.strip().splitlines() or [""])[0]
+    return CheckpointIntegrityError(
+        f"checkpoint file {os.fspath(path)} cannot be read as a torch file "
+        f"({type(err).__name__}: {what[:200]}); it is damaged or truncated"
+    )
 
 
 def _load_ignoring_weights_only(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
