@@ -114,10 +114,11 @@ def role_files(step_dir: Path, role: str) -> list[str]:
     """
     found = []
     for here, dirs, names in os.walk(step_dir / role):
-        dirs[:] = [name for name in dirs if not name.startswith(".")]
-        for name in [*dirs, *names]:
+        links = [name for name in dirs if Path(here, name).is_symlink()]  # os.walk won't enter
+        dirs[:] = [name for name in dirs if not name.startswith(".") and name not in links]
+        for name in [*links, *names]:
             path = Path(here, name)
-            if name.startswith(".") or (name in dirs and not path.is_symlink()):
+            if name.startswith("."):
                 continue
             if path.is_symlink() or not path.is_file():
                 raise CheckpointIntegrityError(
@@ -357,6 +358,9 @@ def seal_legacy_checkpoint(step_dir: str | os.PathLike) -> Path:
     return write_step_manifest(step_dir.parent, int(match.group(1)), roles)
 
 
-if __name__ == "__main__":  # python -m stages.engines.checkpoint_manifest ROOT/global_step_N
-    for argument in sys.argv[1:]:
-        print(seal_legacy_checkpoint(argument))
+if __name__ == "__main__":  # python -m stages.engines.checkpoint_manifest ROOT/global_step_N …
+    try:
+        for argument in sys.argv[1:]:
+            print(seal_legacy_checkpoint(argument))
+    except (ValueError, CheckpointIntegrityError) as err:
+        sys.exit(f"error: {err}")

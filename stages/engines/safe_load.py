@@ -86,10 +86,11 @@ def _unreadable(path: str | os.PathLike, err: Exception) -> CheckpointIntegrityE
     )
 
 
-def _load_ignoring_weights_only(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
+def _load_ignoring_weights_only(
+    f: Any, map_location: Any = None, *, weights_only: bool | None = None, mmap: bool = False
+) -> Any:
     """A ``torch.load`` stand-in for DeepSpeed's readers: weights-only whatever they ask."""
-    kwargs.pop("weights_only", None)
-    return weights_only_load(f, map_location, mmap=bool(kwargs.pop("mmap", False)))
+    return weights_only_load(f, map_location, mmap=mmap)
 
 
 class WeightsOnlyCheckpointEngine:
