@@ -127,6 +127,8 @@ def resume_command(
                 if moved:
                     typer.echo(f"working directory: {origin} (where the run started)")
                 result = train_in_phases(cfg, store.root, f"resume {store.root}", verbose)
+        except typer.Exit:  # a stop signal, already said
+            raise
         except Exception as err:
             raise fail_in_one_line(err, verbose, usage_errors=(ValueError, ConfigError)) from None
     typer.echo(result.run_dir)

@@ -125,6 +125,8 @@ def train_command(
         try:
             cfg = resolve_config(config, overrides or [])  # a bad config fails before Prefect
             result = train_in_phases(cfg, run_dir, describe_source(config, overrides), verbose)
+        except typer.Exit:  # a stop signal, already said
+            raise
         except Exception as err:
             raise fail_in_one_line(err, verbose) from None
     typer.echo(result.run_dir)
@@ -135,14 +137,24 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
     the build, ``source`` and the run directory; the phases from Prefect's start on; library
     output in ``<run_dir>/ppoflow.log`` until the first step, unless ``verbose``."""
     from flows.startup import log_file_for, startup_output
+    from flows.stop_signals import exit_code, is_stop, stop_line, stop_on_signals
     from flows.train import default_run_dir, train
     from flows.version import ppoflow_version
+    from stages.engines.checkpoint import read_latest_step
 
     run_dir = run_dir or default_run_dir(cfg)
     header = f"ppoflow {ppoflow_version()} · {source} · run dir {run_dir}"
-    with startup_output(header, log_file_for(run_dir), capture=not verbose) as startup:
-        startup.begin("Prefect", prefect_doing())
-        return train(cfg, [], run_dir)
+    with stop_on_signals():
+        try:
+            with startup_output(header, log_file_for(run_dir), capture=not verbose) as startup:
+                startup.begin("Prefect", prefect_doing())
+                return train(cfg, [], run_dir)
+        except BaseException as err:
+            if not is_stop(err):
+                raise
+            kept = read_latest_step(cfg.trainer.default_local_dir)
+            typer.echo(stop_line(err, run_dir, kept), err=True)
+            raise typer.Exit(exit_code(err)) from None
 
 
 def prefect_doing() -> str:

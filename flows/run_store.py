@@ -30,6 +30,7 @@ import json
 import math
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -300,6 +301,22 @@ class RunStore:
             if re.fullmatch(r"step_\d+", name) and self.fs.exists(f"{entry}/{JOURNAL_FILE}"):
                 found.append(int(name.removeprefix("step_")))
         return sorted(found)
+
+    def remove_temp_files(self) -> list[str]:
+        """Delete what interrupted writes left in a local run directory (``.tmp-*`` files of the
+        journals and JSON records, ``.<stage>.tmp-*`` artifact folders in the step folders);
+        returns their paths. Call it only while holding the run's lock (flows/run_lock.py):
+        another writer's temporaries look the same."""
+        if not self.is_local or not os.path.isdir(self.root):
+            return []
+        root = Path(self.root)
+        found = [*root.glob(".tmp-*"), *root.glob("step_*/.tmp-*"), *root.glob("step_*/.*.tmp-*")]
+        for path in found:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        return sorted(str(path) for path in found)
 
     # --- files ---
 

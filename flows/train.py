@@ -85,10 +85,12 @@ from flows.run_identity import (
     run_info,
     run_tags,
 )
+from flows.run_lock import RunLock, lock_run_dir
 from flows.run_store import RunStore, StageRecord
 from flows.startup import Startup, current_startup, describe_model, describe_sinks
 from flows.step_flow import StepFlow, StepResult, describe_source, run_step
 from flows.step_report import flow_run_tag, publish_step_report, report_key
+from flows.stop_signals import is_stop, signals_deferred
 from flows.validate import validate
 from stages.advantage import KL_METRIC
 from stages.algos.kl_control import get_kl_controller
@@ -166,6 +168,7 @@ class TrainRun:
     progress: Progress | None = None
     start_step: int = 1
     resumed: ResumedRun | None = None  # the checkpoint this run continues from
+    lock: RunLock | None = None  # the run directory's, released when the run ends
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.sinks.log_metrics(metrics, step)
@@ -186,6 +189,23 @@ def open_run(cfg: PPORunConfig, run_dir: str | None, startup: Startup | None = N
     apply_device(cfg)
     seed_everything(cfg.trainer.seed)
     store = RunStore(run_dir or default_run_dir(cfg))
+    lock = lock_run_dir(store.root, store.is_local)  # before anything is written there
+    if lock is None:
+        startup.say(f"{store.root} is a URL: not locked against a second training")
+    try:
+        run = _open_locked(cfg, store, startup)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    run.lock = lock
+    return run
+
+
+def _open_locked(cfg: PPORunConfig, store: RunStore, startup: Startup) -> TrainRun:
+    """:func:`open_run` once the run directory is this process's to write."""
+    for path in store.remove_temp_files():
+        startup.say(f"removed {path}, left by an interrupted write")
     store.save_config(cfg)
     model = cfg.actor_rollout_ref.model
     with startup.phase("model", f"reading the tokenizer of {model.tokenizer_path}") as shown:
@@ -334,10 +354,11 @@ def save_checkpoint(run: TrainRun, step: int, metrics: dict[str, float]) -> None
         **mlflow_identity(run.sinks, run.cfg.trainer.project_name),
     }
     state = {**run.run_state(), **tracking_state(identity, metrics)}
-    save_run_checkpoint(
-        run.cfg.trainer.default_local_dir, step, run.engines, state, run.cfg.trainer
-    )
-    record_run_info(run)
+    with signals_deferred():  # a stop signal waits for the checkpoint (flows/stop_signals.py)
+        save_run_checkpoint(
+            run.cfg.trainer.default_local_dir, step, run.engines, state, run.cfg.trainer
+        )
+        record_run_info(run)
 
 
 def plot_history(run: TrainRun, result: TrainResult) -> list[dict[str, float]]:
@@ -417,12 +438,18 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
         for step in range(run.start_step, last + 1):
             metrics, records = train_step(run, step)
             val_score = None
+            save_due = is_due(step, cfg.trainer.save_freq, run.total_steps)
             if is_due(step, cfg.trainer.test_freq, run.total_steps):
                 publisher.wait()  # validation logs through the same sinks
-                result.val_after, val_metrics = run_validation(run, step)
+                try:
+                    result.val_after, val_metrics = run_validation(run, step)
+                except Exception:
+                    if save_due:  # the step's training is kept (without its validation)
+                        save_checkpoint(run, step, metrics)
+                    raise
                 val_score = result.val_after
                 metrics.update(val_metrics)
-            if is_due(step, cfg.trainer.save_freq, run.total_steps):
+            if save_due:
                 save_checkpoint(run, step, metrics)
             publisher.submit(
                 publish_step, run, step, records, metrics, result.mlflow_run_id, val_score
@@ -432,6 +459,10 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
         publisher.close()
         record_run_info(run)
         status = "FINISHED"
+    except BaseException as err:
+        if is_stop(err):  # SIGTERM / SIGINT (flows/stop_signals.py)
+            status = "KILLED"
+        raise
     finally:
         run.progress.close()  # stop the live bar, also when the run failed
         close_quietly(publisher)
@@ -442,6 +473,8 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
                 run.sinks.log_plots(plot_history(run, result))
         finally:
             run.sinks.close(status)
+            if run.lock is not None:
+                run.lock.release()
     run.progress.summary(summary_rows(result, cfg))
     return result
 

@@ -254,3 +254,44 @@ def test_killed_and_resumed_run_ends_like_an_uninterrupted_one(
             for store in (run_dir(whole), run_dir(resumed))
         ]
         assert torch.equal(*responses), step
+
+
+def test_sigterm_ends_the_run_cleanly_and_resume_continues_it(
+    tmp_path, make_demo_inputs, tiny_run_overrides
+):
+    """SIGTERM to ``ppoflow train`` (the process, not its group): exit 143 with the line that
+    says how to resume, no process of the run left (Prefect's temporary server included), the
+    MLflow run ended KILLED; ``ppoflow resume`` then trains on from the checkpoint."""
+    demo_inputs = make_demo_inputs(tmp_path / "demo")
+    home, checkpoints, run = tmp_path / "stopped", tmp_path / "stopped" / "ckpt", tmp_path / "run"
+    many = "trainer.total_training_steps=400"  # still training when the signal comes
+    command = [
+        *train_command(tiny_run_overrides, demo_inputs, home, checkpoints, many),
+        "--run-dir",
+        str(run),
+    ]
+    with process_group(command, home) as process:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while read_latest_step(checkpoints) is None:
+            assert process.poll() is None, output_tail(home)
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(POLL_S)
+        os.kill(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=120) == 128 + signal.SIGTERM, output_tail(home)
+        assert wait_until_gone(process.pid) == [], "the stopped run left processes running"
+    kept = read_latest_step(checkpoints)
+    last = output_tail(home, 1)
+    assert last == (
+        f"stopped by SIGTERM: the checkpoint of step {kept} is kept; "
+        f"continue with `ppoflow resume {run}`"
+    ), output_tail(home)
+    client = MlflowClient(tracking_uri=f"sqlite:///{home}/mlflow.db")
+    (stopped,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert stopped.info.status == "KILLED"
+
+    resume = [sys.executable, "-m", "flows.cli", "resume", str(run),
+              f"trainer.total_training_steps={kept + 1}"]  # fmt: skip
+    train_to_end(resume, home)
+    assert RunStore(run).read_journal(kept + 1).status == "done"
+    (resumed,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert resumed.info.run_id == stopped.info.run_id and resumed.info.status == "FINISHED"

@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows import cli_train
+from flows.cli import app as ppoflow_app
 from flows.cli_config import config_messages
 from flows.startup import (
     OutputToFile,
@@ -190,9 +191,8 @@ def test_a_failed_start_from_the_command_line_shows_the_phase_then_one_error(
     prefect_harness, tmp_path
 ):
     model = make_tiny_model(tmp_path / "model")
-    application = cli_train_app()
     result = CliRunner().invoke(
-        application,
+        ppoflow_app,
         ["train", "demo-cpu", f"data.train_files=[{tmp_path}/none.parquet]",
          f"data.val_files=[{tmp_path}/none.parquet]", f"actor_rollout_ref.model.path={model}",
          "--run-dir", str(tmp_path / "run")],
@@ -214,12 +214,3 @@ def test_a_failed_start_from_the_command_line_shows_the_phase_then_one_error(
         for a, b in expected
     ]
     assert at == sorted(at) and at[-1] == len(lines) - 1, result.output
-
-
-def cli_train_app():
-    import typer
-
-    application = typer.Typer()
-    cli_train.register(application)
-    application.command("other")(lambda: None)
-    return application

@@ -1,0 +1,95 @@
+"""The run directory's lock (flows/run_lock.py) and what a training does with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app as ppoflow_app
+from flows.run_lock import LOCK_FILE, RunDirInUse, RunLock, lock_run_dir
+from flows.run_store import RunStore
+
+
+def test_a_second_lock_is_refused_naming_the_holder(tmp_path):
+    first = RunLock(tmp_path / "run")
+    with pytest.raises(RunDirInUse) as refused:
+        RunLock(tmp_path / "run")
+    message = str(refused.value)
+    assert message.startswith(f"run directory {tmp_path / 'run'} is in use by another training")
+    assert f"pid {os.getpid()} on " in message and message.endswith("pass another --run-dir")
+    first.release()
+    first.release()  # idempotent
+    RunLock(tmp_path / "run").release()  # free again
+
+
+def test_the_lock_dies_with_its_holder(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from flows.run_lock import RunLock; RunLock(sys.argv[1]); "
+         "print('held', flush=True); time.sleep(600)", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline() == "held\n"
+    with pytest.raises(RunDirInUse, match=f"pid {holder.pid} "):
+        RunLock(tmp_path)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    time.sleep(0.05)
+    RunLock(tmp_path).release()
+    assert (tmp_path / LOCK_FILE).read_text() == ""  # released: no holder written
+
+
+def test_a_url_run_dir_has_no_lock():
+    assert lock_run_dir("memory://runs/r", is_local=False) is None
+
+
+def test_a_second_training_into_a_locked_run_dir_fails_before_writing(prefect_harness, tmp_path):
+    held = RunLock(tmp_path / "run")
+    try:
+        result = CliRunner().invoke(
+            ppoflow_app, ["train", "demo-cpu", "--run-dir", str(tmp_path / "run")]
+        )
+    finally:
+        held.release()
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "is in use by another training" in errors[0], result.output
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_temp_files_of_interrupted_writes_are_removed(tmp_path):
+    store = RunStore(tmp_path / "run")
+    (tmp_path / "run" / "step_3" / ".rollout.tmp-0123456789ab").mkdir(parents=True)
+    (tmp_path / "run" / "step_3" / ".rollout.tmp-0123456789ab" / "part.npy").write_bytes(b"x")
+    (tmp_path / "run" / "step_3" / ".tmp-journal").write_text("{")
+    (tmp_path / "run" / ".tmp-config").write_text("{")
+    (tmp_path / "run" / "step_3" / "rollout").mkdir()
+    removed = store.remove_temp_files()
+    assert [os.path.basename(p) for p in removed] == [
+        ".tmp-config",
+        ".rollout.tmp-0123456789ab",
+        ".tmp-journal",
+    ]
+    assert sorted(os.listdir(tmp_path / "run" / "step_3")) == ["rollout"]
+
+
+def test_a_stop_signal_waits_for_the_end_of_a_deferred_block():
+    from flows.stop_signals import RunStopped, signals_deferred, stop_on_signals
+
+    reached = []
+    with pytest.raises(RunStopped, match="SIGTERM"), stop_on_signals():
+        with signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+            reached.append("end of the block")  # not interrupted
+        reached.append("after the block")  # the held signal is delivered before this
+    assert reached == ["end of the block"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(
+        signal.getsignal(signal.SIGTERM)
+    )
