@@ -64,9 +64,9 @@ from flows.checkpoints import (
     checkpoint_metrics,
     checkpoint_run,
     controller_state,
-    load_run_checkpoint,
     restore_controller,
-    resume_step,
+    restore_run_checkpoint,
+    resume_checkpoint,
     save_run_checkpoint,
     tracking_state,
 )
@@ -250,11 +250,14 @@ def resume(run: TrainRun, startup: Startup | None = None) -> None:
     """Continue from a checkpoint when ``trainer.resume_mode`` finds one (flows/checkpoints.py):
     engines, loader position, KL controller, weights lineage; the next step is N + 1; and
     ``run.resumed``, the MLflow run to continue with the history to fill in (module docstring)."""
-    found = resume_step(run.cfg.trainer)
-    if found is None:
+    startup = startup or current_startup()
+    checkpoint, skipped = resume_checkpoint(run.cfg.trainer)  # verified, newest valid under auto
+    for notice in skipped:
+        startup.say(notice)
+    if checkpoint is None:
         return
-    root, step = found
-    state = load_run_checkpoint(root, step, run.engines)
+    root, step = checkpoint.root, checkpoint.step
+    state = restore_run_checkpoint(checkpoint, run.engines)
     run.loader.load_state_dict(state["loader"])
     restore_controller(run.kl_ctrl, state["kl_ctrl"])
     run.lineage.current.update(state["weights_lineage"])
@@ -267,8 +270,7 @@ def resume(run: TrainRun, startup: Startup | None = None) -> None:
         recorded["mlflow_tracking_uri"],
         resume_history(origin, step, checkpoint_metrics(state)),
     )
-    startup = startup or current_startup()
-    startup.say(f"resumed from {root}/global_step_{step}")
+    startup.say(f"resumed from {root}/global_step_{step} ({checkpoint.files} files verified)")
     current = run_code(PPO_STAGES, plugin_names(run.cfg)).files
     notice = code_change_notice(state.get("code_files"), current)
     if notice is not None:
