@@ -160,13 +160,6 @@ def resume_checkpoint(
     )
 
 
-def resume_step(trainer: Any) -> tuple[Path, int] | None:
-    """(checkpoint root, step) of :func:`resume_checkpoint`, or None (fresh); its notices are
-    dropped (call :func:`resume_checkpoint` to show them)."""
-    checkpoint, _ = resume_checkpoint(trainer)
-    return None if checkpoint is None else (checkpoint.root, checkpoint.step)
-
-
 def read_run_state(
     root: str | Path, step: int, verify: CheckpointVerify = "full"
 ) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Annotated
 
 import typer
 
-from flows.checkpoints import checkpoint_run, read_run_state
+from flows.checkpoints import checkpoint_run, read_run_state, resume_checkpoint
 from flows.cli_train import (
     VerboseOption,
     config_messages,
@@ -35,7 +35,6 @@ from flows.cli_train import (
 )
 from flows.run_store import CONFIG_FILE, RUN_INFO_FILE, RunStore
 from stages.config import ConfigError, PPORunConfig, apply_overrides
-from stages.engines.checkpoint import read_latest_step
 
 #: keys ``ppoflow resume`` sets itself
 RESUME_KEYS = ("trainer.resume_mode", "trainer.resume_from_path")
@@ -78,14 +77,15 @@ def resume_config(store: RunStore, overrides: Sequence[str]) -> tuple[PPORunConf
     saved = PPORunConfig.model_validate(store.load_config())
     cfg = apply_overrides(saved, [*overrides, "trainer.resume_mode=auto"])
     root = cfg.trainer.default_local_dir
-    step = read_latest_step(root)
-    if step is None:
+    checkpoint, _ = resume_checkpoint(cfg.trainer, verify="fast")  # the training says what it skips
+    if checkpoint is None:
         raise ValueError(
             f"{store.root} has no checkpoint to resume from: trainer.default_local_dir "
             f"{os.path.abspath(root)} holds no latest_checkpointed_iteration.txt (the run saves "
             f"one every trainer.save_freq={cfg.trainer.save_freq} steps)"
         )
-    writer = checkpoint_run(read_run_state(root, step))["run_dir"]
+    step = checkpoint.step
+    writer = checkpoint_run(read_run_state(root, step, verify="fast"))["run_dir"]
     if writer is not None and writer != store.root:
         raise ValueError(
             f"the newest checkpoint in {os.path.abspath(root)} (step {step}) was written by the "

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from flows.cli_config import config_messages
+from flows.service_waits import explain_startup_timeout
 from stages.config import ConfigError
 
 QUIET_LOGGERS = {
@@ -43,9 +44,6 @@ def quiet_prefect(verbose: bool) -> Iterator[None]:
     flow run's logs in the UI hold the progress lines; only the console drops their INFO lines.
     With Prefect's temporary server nobody reads those logs, so they are not made at all.
     """
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network calls
-    # Prefect waits 20 s for its temporary server; its first start on a busy machine takes longer
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     saved = {name: logging.getLogger(name).level for name in QUIET_LOGGERS if name != "prefect"}
     console_filter = _RunLinesOffConsole()
     if not verbose:
@@ -95,6 +93,10 @@ def fail_in_one_line(
             err=True,
         )
         return typer.Exit(code=2)
+    explained = explain_startup_timeout(err)
+    if explained is not None:
+        typer.echo(f"error: {explained}", err=True)
+        return typer.Exit(code=1)
     typer.echo(f"error: {type(err).__name__}: {' '.join(str(err).split())}", err=True)
     return typer.Exit(code=2 if isinstance(err, usage_errors) else 1)
 
