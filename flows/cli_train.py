@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from flows.cli_config import config_messages
-from flows.service_waits import explain_startup_timeout
+from flows.error_lines import explain
 from stages.config import ConfigError
 
 QUIET_LOGGERS = {
@@ -93,7 +93,7 @@ def fail_in_one_line(
             err=True,
         )
         return typer.Exit(code=2)
-    explained = explain_startup_timeout(err)
+    explained = explain(err)  # flows/error_lines.py
     if explained is not None:
         typer.echo(f"error: {explained}", err=True)
         return typer.Exit(code=1)
