@@ -62,6 +62,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -253,7 +254,7 @@ class CacheRecordStorage(LocalFileSystem):
 
     def read_path(self, path: str, _sync: bool | None = None) -> bytes:
         """Prefect's read of a record (``ResultStore.exists`` and ``read``): the checked record,
-        re-encoded."""
+        re-encoded. (``_sync`` is the flag Prefect passes on its synchronous calls; unused.)"""
         found = self.read_record(path)
         if found is None:
             raise ValueError(f"Path {self._file(path)} does not exist.")  # Prefect's "no record"
@@ -282,7 +283,9 @@ class CacheRecordStorage(LocalFileSystem):
         return self.write_path(path, content)
 
 
-def task_options(cache_dir: str | os.PathLike, key_fn: Any) -> dict[str, Any]:
+def task_options(
+    cache_dir: str | os.PathLike, key_fn: Callable[[Any, dict[str, Any]], str]
+) -> dict[str, Any]:
     """The ``task(...)`` options that keep a stage's cache records in ``cache_dir``: the cache
     policy (``key_fn`` computes the key; records in :class:`CacheRecordStorage`), the result
     storage (``refs/``) and :class:`ArtifactRefSerializer`."""

@@ -207,6 +207,7 @@ def test_prefects_own_reader_runs_a_planted_record_whatever_the_task_configures(
     assert marker.exists()
 
 
+@pytest.mark.usefixtures("prefect_harness")  # Prefect resolves the task's storage with a client
 @pytest.mark.parametrize("kind", list(PLANTS))
 def test_a_stage_tasks_lookup_never_decodes_a_planted_record(tmp_path, toy_stages, kind):
     cache, marker, key = tmp_path / "cache", tmp_path / "code-ran", "k" * 64
