@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import tempfile
+from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +41,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from dataproto.artifact import ArtifactRef, save_artifact
+from dataproto.artifact_store import naming_failed_writes
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from flows.cache_keys import jsonable
 
@@ -240,8 +242,8 @@ class RunStore:
 
     Args:
         root: the run directory, a local path or an fsspec URL (``memory://run``, ``s3://b/run``).
-        cache_dir: where Prefect keeps the stage-task cache records (small pickled
-            ArtifactRefs). It must be a local path (Prefect's result storage needs a persisted
+        cache_dir: where Prefect keeps the stage-task cache records (small JSON records naming
+            an ArtifactRef, flows/cache_records.py). It must be a local path (Prefect's result storage needs a persisted
             block for anything else). Default: ``<root>/cache`` for a local root; for a remote
             root, ``$PREFECT_HOME/ppoflow-cache/<sha256(url)[:16]>``. A re-run branch passes the
             parent run's ``cache_dir`` so it hits the parent's artifacts.
@@ -324,18 +326,22 @@ class RunStore:
         return url if self.is_local else self._fs_root + url[len(self.root) :]
 
     def _write_text(self, url: str, text: str) -> None:
+        """Write ``text`` at ``url`` atomically on a local disk: a temp file ``.tmp-<name>-*``
+        beside it, then ``os.replace``; a failed write (a full disk: its ``OSError`` names the
+        temp file) removes the temp file and leaves the target as it was."""
         target = self._fs_path(url)
         if not self.is_local:
             self.fs.pipe_file(target, text.encode())
             return
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        handle, temp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".tmp-")
+        directory, name = os.path.split(target)
+        os.makedirs(directory, exist_ok=True)
+        handle, temp = tempfile.mkstemp(dir=directory, prefix=f".tmp-{name}-")
         try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
+            with naming_failed_writes(temp), os.fdopen(handle, "w", encoding="utf-8") as out:
                 out.write(text)
             os.replace(temp, target)
-        except BaseException:
-            if os.path.exists(temp):
+        except BaseException:  # a full disk included: the target keeps its old contents
+            with suppress(FileNotFoundError):
                 os.remove(temp)
             raise
 

@@ -28,7 +28,7 @@ ppoflow's own messages stay on the terminal: its loggers' warnings (``flows``, `
 :meth:`Startup.say`. ``--verbose`` (``capture=False``) leaves the output alone.
 
 Without :func:`startup_output` (a deployment, a test calling the flow), :func:`current_startup`
-is a :class:`Startup` that only logs.
+is a :class:`Startup` that logs its phases and prints only :meth:`Startup.say`'s lines.
 """
 
 from __future__ import annotations
@@ -140,9 +140,10 @@ class Startup:
         self.end(result["text"])
 
     def say(self, text: str) -> None:
-        """A line of ppoflow's own (e.g. the checkpoint a run resumes from), printed and logged."""
-        if self.console is not None:
-            self.console.print(f"  {text}", markup=False)
+        """A line of ppoflow's own (e.g. the checkpoint a run resumes from, a notice), printed
+        and logged; printed on stdout also without a console (a notice is never only logged)."""
+        console = self.console or Console(highlight=False, soft_wrap=True)
+        console.print(f"  {text}" if self.console is not None else text, markup=False)
         if self.logger is not None:
             self.logger.info("ppoflow: %s", text)
 

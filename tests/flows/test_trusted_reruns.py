@@ -30,6 +30,7 @@ from flows.run_store import RunStore
 from flows.step_flow import WEIGHT_WRITER_REASON
 from flows.train import train
 from stages.engines.checkpoint import checkpoint_dir, write_latest_step
+from stages.engines.checkpoint_manifest import STEP_MANIFEST, seal_legacy_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -108,6 +109,8 @@ def test_resuming_into_the_killed_runs_own_directory_gives_the_uninterrupted_wei
     state = json.loads(state_file.read_text())
     state["code_files"]["stages/advantage.py"] = "0" * 64
     state_file.write_text(json.dumps(state))
+    (state_file.parents[1] / STEP_MANIFEST).unlink()  # the edit is the test's own: seal it again
+    seal_legacy_checkpoint(state_file.parents[1])
     capsys.readouterr()
     resumed = ppo_train(
         demo, tmp_path / "out", run_dir, tiny_run_overrides, "trainer.resume_mode=auto"
