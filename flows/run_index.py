@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from flows.run_lock import lock_held
 from flows.run_store import (
     CONFIG_FILE,
     JOURNAL_FILE,
@@ -91,15 +92,17 @@ def run_status(
     - ``done``: the last planned step's journal is done;
     - ``failed``: otherwise, if MLflow ended the run ``FAILED`` / ``KILLED``, or its last journal
       is still ``running`` (a step stopped part-way) and nothing was written for a while;
-    - ``running``: otherwise, if its files changed recently (``recently_written``) and MLflow,
-      when known, says ``RUNNING``;
+    - ``running``: otherwise, if a training holds its lock (or, for a run without a lock file,
+      its files changed recently: ``recently_written``) and MLflow, when known, says
+      ``RUNNING``;
     - ``partial``: stopped between steps before the last planned one (a kill between steps,
       ``trainer.val_only``, a run that MLflow ended ``FINISHED`` early).
 
     Args:
         planned_done: the last planned step is journaled done.
         interrupted: the last journal's status is ``running``.
-        recently_written: the run's newest journal changed within the activity window
+        recently_written: a training holds the run's lock (flows/run_lock.py); for a run
+            without a lock file, its newest journal changed within the activity window
             (:data:`ACTIVE_FLOOR_S`, :data:`ACTIVE_STEP_FACTOR`).
         tracking_status: the MLflow run's status, None when unknown.
 
@@ -232,10 +235,11 @@ def summarize(run_dir: Path, tracking: TrackingLookup | None, now: float) -> Run
         planned_done = tracked is not None and tracked.status == "FINISHED"
     else:
         planned_done = planned in by_step and by_step[planned].status == "done"
+    held = lock_held(run_dir)  # None: a run without a lock file (older, or never opened)
     status = run_status(
         planned_done=planned_done,
         interrupted=bool(journals) and journals[-1].status == "running",
-        recently_written=_recently_written(run_dir, journals, now),
+        recently_written=held if held is not None else _recently_written(run_dir, journals, now),
         tracking_status=tracked.status if tracked else None,
     )
     return RunSummary(

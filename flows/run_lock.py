@@ -10,7 +10,8 @@ before it writes anything there, with one line naming the holder::
     2026-12-01 17:02:11 UTC: ppoflow train …); wait for it to end or pass another --run-dir
 
 A run directory given as a URL (an fsspec store) has no lock: :func:`lock_run_dir` returns None
-and the caller says so.
+and the caller says so. :func:`lock_held` tells ``ppoflow runs`` whether a run is being trained
+now, so a killed run reads as failed at once.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import os
 import socket
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,9 +39,7 @@ class RunLock:
         self.path = Path(run_dir) / LOCK_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _take(handle):
             holder = _holder(handle)
             os.close(handle)
             raise RunDirInUse(
@@ -61,6 +61,38 @@ class RunLock:
         os.ftruncate(handle, 0)
         fcntl.flock(handle, fcntl.LOCK_UN)
         os.close(handle)
+
+
+def _take(handle: int, patience_s: float = 0.5) -> bool:
+    """Take the exclusive lock; while the file names no holder (a :func:`lock_held` probe,
+    or a holder between its flock and its write) keep trying for ``patience_s``."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if os.fstat(handle).st_size > 0 or time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+
+def lock_held(run_dir: str | os.PathLike) -> bool | None:
+    """Whether a training holds the run directory's lock now; None when the directory has no
+    lock file (a run from before locks, or never started). The probe takes a shared lock for a
+    moment, which a starting training waits out (:class:`RunLock`)."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        handle = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(handle)  # closing drops the probe's lock
+    return False
 
 
 def lock_run_dir(root: str, is_local: bool) -> RunLock | None:
@@ -87,4 +119,4 @@ def _holder(handle: int) -> str:
         return "unknown holder"
 
 
-__all__ = ["LOCK_FILE", "RunDirInUse", "RunLock", "lock_run_dir"]
+__all__ = ["LOCK_FILE", "RunDirInUse", "RunLock", "lock_held", "lock_run_dir"]

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app as ppoflow_app
-from flows.run_lock import LOCK_FILE, RunDirInUse, RunLock, lock_run_dir
+from flows.run_lock import LOCK_FILE, RunDirInUse, RunLock, lock_held, lock_run_dir
 from flows.run_store import RunStore
 
 
@@ -93,3 +95,17 @@ def test_a_stop_signal_waits_for_the_end_of_a_deferred_block():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(
         signal.getsignal(signal.SIGTERM)
     )
+
+
+def test_a_probe_tells_a_held_lock_and_a_starting_training_waits_the_probe_out(tmp_path):
+    assert lock_held(tmp_path) is None  # no lock file: a run from before locks
+    held = RunLock(tmp_path)
+    assert lock_held(tmp_path) is True
+    held.release()
+    assert lock_held(tmp_path) is False  # a killed or finished training
+    probe = os.open(tmp_path / LOCK_FILE, os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_SH)  # a probe in progress, naming no holder
+    closer = threading.Timer(0.1, os.close, [probe])
+    closer.start()
+    RunLock(tmp_path).release()  # waited the probe out instead of refusing
+    closer.join()
