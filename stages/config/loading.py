@@ -65,12 +65,35 @@ _Loader.add_implicit_resolver(
 
 
 def parse_yaml(text: str, where: str) -> Any:
-    """YAML text -> Python value, with ``where`` named in any syntax error."""
+    """YAML text -> Python value, with ``where`` named in any syntax error.
+
+    >>> try:
+    ...     parse_yaml("data: {train_batch_size: [4}", "my.yaml")
+    ... except ConfigError as err:
+    ...     print(err.problems[0])
+    my.yaml, line 1, column 28: not valid YAML: expected ',' or ']', but got '}' (while parsing a flow sequence that starts at line 1, column 26)
+    """
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as err:
-        detail = " ".join(str(err).split())
-        raise ConfigError([f"{where}: not valid YAML: {detail}"], where) from None
+        raise ConfigError([yaml_problem(err, where)], where) from None
+
+
+def yaml_problem(err: yaml.YAMLError, where: str) -> str:
+    """PyYAML's error as one line: file, line and column first, then the problem and the
+    construct it was in (PyYAML's own text repeats the source lines with a ``^`` marker)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or problem is None:
+        return f"{where}: not valid YAML: {' '.join(str(err).split())}"
+    line = f"{where}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}"
+    context, context_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and context_mark is not None:
+        starts = f"line {context_mark.line + 1}, column {context_mark.column + 1}"
+        line += f" ({context} that starts at {starts})"
+    elif context:
+        line += f" ({context})"
+    return line
 
 
 def resolve_config_path(name: str | Path) -> Path:

@@ -78,6 +78,11 @@ def parse_one(text: str) -> Override:
     except HydraException as err:
         raise ValueError(_grammar_problem(text, err)) from None
     key = parsed.key_or_group
+    if not key:
+        raise ValueError(
+            f"override {text!r}: no key before '='; expected key.path=value "
+            "(e.g. trainer.total_epochs=2)"
+        )
     if parsed.package is not None or "/" in key:
         raise ValueError(
             f"override {text!r}: config groups (group/option, key@package) are Hydra composition, "
