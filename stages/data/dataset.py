@@ -185,7 +185,14 @@ def validate_record(
 
 def _read_parquet(path: str) -> Iterable[tuple[RowOrigin, dict[str, Any]]]:
     with fsspec.open(path, "rb") as handle:
-        table = pq.read_table(handle)
+        try:
+            table = pq.read_table(handle)
+        except pa.ArrowException as err:  # names the buffer, not the file
+            detail = " ".join(str(err).split())
+            raise ValueError(
+                f"data file {path!r} is not a readable parquet file ({detail}); write it with "
+                "pandas.DataFrame.to_parquet or pyarrow.parquet.write_table, or give a .jsonl file"
+            ) from None
     for row, record in enumerate(table.to_pylist()):
         yield RowOrigin(path, row), record
 
@@ -250,7 +257,10 @@ def load_prompt_rows(
     for path in as_path_list(paths):
         fs, fs_path = fsspec.core.url_to_fs(path)
         if not fs.exists(fs_path):
-            raise FileNotFoundError(f"data file not found: {path!r}")
+            raise FileNotFoundError(
+                f"data file not found: {path!r}; data.train_files / data.val_files must list "
+                "existing parquet or JSON Lines files"
+            )
         read = _reader(path)
         before = len(rows)
         rows.extend(

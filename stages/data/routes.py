@@ -21,6 +21,14 @@ from stages.data.dataset import PromptRow
 from stages.reward.scorers.registry import get_scorer
 
 
+class UnscoredRouteError(KeyError):
+    """A route no built-in scorer handles. Its ``str()`` is the message itself (a plain
+    ``KeyError`` prints its message in quotes)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def row_route(row: PromptRow) -> str:
     """The value the scorer gets as ``data_source`` for ``row``."""
     return row.reward_route if row.reward_route is not None else row.data_source
@@ -34,7 +42,8 @@ def check_routes(rows: Sequence[PromptRow], route_column: str = "data_source") -
         route_column: the column the routes come from (``data.reward_fn_key``), for the message.
 
     Raises:
-        KeyError: a route no built-in scorer handles (the message lists the known ones).
+        UnscoredRouteError: a ``KeyError``, a route no built-in scorer handles (the message
+            lists the known ones).
         NotImplementedError: a verl data_source whose scorer ppoflow does not ship.
 
     Example:
@@ -44,7 +53,7 @@ def check_routes(rows: Sequence[PromptRow], route_column: str = "data_source") -
         >>> try:
         ...     check_routes([row])
         ... except KeyError as err:
-        ...     print(err.args[0].split(": no reward scorer for")[0])
+        ...     print(str(err).split("; known")[0])
         train.jsonl, row 4 (line 5): column 'data_source' = 'my/task' has no reward scorer
     """
     first_row: dict[str, PromptRow] = {}
@@ -54,8 +63,13 @@ def check_routes(rows: Sequence[PromptRow], route_column: str = "data_source") -
         try:
             get_scorer(route)
         except (KeyError, NotImplementedError) as err:
-            reason = err.args[0] if err.args else str(err)
+            reason = str(err.args[0] if err.args else err)
             where = row.origin if row.origin is not None else "a row"
-            raise type(err)(
+            if isinstance(err, KeyError):  # the registry's line names the route again
+                known = reason.split("; ", 1)[-1]
+                raise UnscoredRouteError(
+                    f"{where}: column {route_column!r} = {route!r} has no reward scorer; {known}"
+                ) from None
+            raise NotImplementedError(
                 f"{where}: column {route_column!r} = {route!r} has no reward scorer: {reason}"
             ) from None
