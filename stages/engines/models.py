@@ -8,9 +8,12 @@ head is new, randomly initialised) or from its own path. Hub ids work where the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -38,11 +41,32 @@ def check_model_path(path: str | Path, needs: tuple[str, ...] = ("config.json",)
     looks_local = (
         candidate.is_absolute() or text.startswith(".") or candidate.exists() or text.count("/") > 1
     )
+    if looks_local and not candidate.exists():
+        raise FileNotFoundError(
+            f"model directory {text!r} does not exist (so it has no {' or '.join(needs)}); "
+            "write one with `ppoflow make-tiny-model DIR` or point model.path at a Hugging Face "
+            "model directory"
+        )
     if looks_local and not any((candidate / name).exists() for name in needs):
         raise FileNotFoundError(
             f"model directory {text!r} has no {' or '.join(needs)}; write one with "
             "`ppoflow make-tiny-model DIR` or point model.path at a Hugging Face model directory"
         )
+
+
+def _from_pretrained(load: Callable[..., nn.Module], path: str | Path, **kwargs: Any) -> nn.Module:
+    """``load(path, **kwargs)``; a weights file safetensors cannot read is an error naming the
+    directory and its weight files (safetensors' own message names neither). It is an
+    ``OSError``: a damaged file, not a bad setting (the command line's exit status 1)."""
+    try:
+        return load(path, **kwargs)
+    except SafetensorError as err:
+        files = sorted(p.name for p in Path(str(path)).glob("*.safetensors")) or ["?"]
+        raise OSError(
+            f"model directory {str(path)!r}: cannot read its weights ({', '.join(files)}: "
+            f"{' '.join(str(err).split())}); the file is truncated or damaged: restore it, or "
+            "write the model directory again"
+        ) from None
 
 
 def load_causal_lm(
@@ -55,7 +79,8 @@ def load_causal_lm(
 ) -> nn.Module:
     """The actor or reference model from a Hugging Face directory or hub id."""
     check_model_path(path)
-    model = AutoModelForCausalLM.from_pretrained(
+    model = _from_pretrained(
+        AutoModelForCausalLM.from_pretrained,
         path,
         dtype=_dtype(dtype),
         attn_implementation=attn_implementation,
@@ -81,7 +106,8 @@ def load_value_model(
     fresh (transformers reports it as newly initialised); from a saved critic it is restored.
     """
     check_model_path(path)
-    model = AutoModelForTokenClassification.from_pretrained(
+    model = _from_pretrained(
+        AutoModelForTokenClassification.from_pretrained,
         path,
         num_labels=1,
         dtype=_dtype(dtype),
