@@ -224,16 +224,27 @@ def export_source(
 ) -> ExportSource:
     """What to export from ``path``: a run directory (with ``step``) or a checkpoint folder
     (with ``base``, the model directory the run started from)."""
+    if base is not None:
+        check_base(base, "--base", "pass the model directory the run started from")
     if is_run_dir(Path(path)):
         model = run_config(path).actor_rollout_ref.model
+        checkpoint = run_checkpoint(path, step)
+        if base is None:
+            check_base(
+                run_path(path, model.path),
+                "the run's actor_rollout_ref.model.path",
+                "pass --base MODEL_DIR, the model directory the run started from",
+            )
         return ExportSource(
-            checkpoint=run_checkpoint(path, step),
+            checkpoint=checkpoint,
             base_model=base or run_path(path, model.path),
             tokenizer=base or run_path(path, model.tokenizer_path or model.path),
             dtype=model.dtype,
             trust_remote_code=model.trust_remote_code,
             run_dir=str(Path(path).absolute()),
         )
+    if not Path(path).exists():
+        raise ExportError(missing_source(Path(path)))
     checkpoint = ActorCheckpoint.at(path)
     if step is not None and step != checkpoint.step:
         raise ExportError(
@@ -245,6 +256,31 @@ def export_source(
             "the model directory the run started from (its actor_rollout_ref.model.path)"
         )
     return ExportSource(checkpoint, base, base, checkpoint.compute_dtype())
+
+
+def check_base(base: str, what: str, advice: str) -> None:
+    """Refuse a local ``base`` that is not a model directory; a hub id (``name`` or
+    ``namespace/name`` with nothing there) is left to transformers."""
+    path = Path(base)
+    looks_local = path.is_absolute() or base.startswith(".") or path.exists() or base.count("/") > 1
+    if looks_local and not (path / "config.json").is_file():
+        state = "does not exist" if not path.exists() else "has no config.json"
+        raise ExportError(f"{what} {base} is not a model directory: it {state}; {advice}")
+
+
+def missing_source(path: Path) -> str:
+    """The error for an export source that does not exist, with the checkpoints beside it.
+
+    >>> missing_source(Path("/no/ckpt/global_step_7"))
+    '/no/ckpt/global_step_7 does not exist; expected a run directory or …/global_step_<K> (or …/global_step_<K>/actor)'
+    """
+    folder = path.parent if path.name == ACTOR_ROLE else path
+    steps = checkpoint_steps(folder.parent) if folder.parent.is_dir() else []
+    beside = f"; steps with a checkpoint under {folder.parent}: {steps}" if steps else ""
+    return (
+        f"{path} does not exist; expected a run directory or …/global_step_<K> "
+        f"(or …/global_step_<K>/actor){beside}"
+    )
 
 
 # --- writing the model directory ----------------------------------------------------------------
