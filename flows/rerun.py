@@ -410,7 +410,7 @@ def open_branch(parent: RunStore, cfg: PPORunConfig, new_dir: str, info: dict) -
     branch looks for cache hits' artifacts in its own directory, then in its parent chain."""
     store = RunStore(new_dir, parents=[parent.root, *parent_chain(parent)])
     if store.steps() or store.exists(RERUN_FILE) or store.exists(CONFIG_FILE):
-        raise FileExistsError(f"{store.root} already holds a run; choose another --run-dir")
+        raise ValueError(f"{store.root} already holds a run; choose another --run-dir")
     store.save_config(cfg)
     store.save_json(RERUN_FILE, info)
     if Path(parent.cache_dir).is_dir():
@@ -498,6 +498,11 @@ def _rerun(
     """Re-run stages of step ``step`` of ``run_dir`` (module docstring)."""
     stages, before = stage_window(from_stage, to_stage)
     parent = RunStore(run_dir)
+    if not parent.exists(CONFIG_FILE):
+        raise ValueError(
+            f"{parent.root} is not a ppoflow run directory (no {CONFIG_FILE}); pass the "
+            "directory that ppoflow train printed last"
+        )
     parent_cfg = PPORunConfig.model_validate(parent.load_config())
     cfg = apply_overrides(parent_cfg, list(overrides)) if overrides else parent_cfg
     journal = parent_step(parent, step)
