@@ -3,13 +3,22 @@
 The one place that knows the difference: local paths use ``os`` (so tensors can be memory-mapped
 and a directory rename is atomic), every other URL uses the fsspec filesystem API. The commit
 protocol and what atomicity each side gives are described in ``dataproto/artifact.py``.
+
+A write that finds no room (:data:`DISK_FULL_ERRNOS`: no space, over a quota, over a file-size
+limit) raises its ``OSError`` naming the file being written: a failed ``write`` or ``close``
+names none, so the file objects of :meth:`Store.open_write` and :func:`naming_failed_writes`
+add it, and the command line's one error line (``flows/disk_full.py``) can say where.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -17,6 +26,48 @@ from fsspec.implementations.local import LocalFileSystem
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest, digest_file, digest_stream
 
 MANIFEST = "manifest.json"
+#: a write found no room: no space left, over a disk quota, over a file-size limit (EFBIG:
+#: ``ulimit -f``, or the file system's largest file)
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+@contextmanager
+def naming_failed_writes(path: str | os.PathLike) -> Iterator[None]:
+    """An ``OSError`` raised in the block without a file name gets ``path`` as its ``filename``
+    (a ``write`` or ``close`` that finds the disk full names no file).
+
+    >>> with naming_failed_writes("/data/x.bin"):
+    ...     raise OSError(errno.ENOSPC, "No space left on device")
+    Traceback (most recent call last):
+    OSError: [Errno 28] No space left on device: '/data/x.bin'
+    """
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None:
+            err.filename = os.fspath(path)
+        raise
+
+
+class _NamedFile:
+    """A binary file for writing whose failed ``write`` / ``close`` name its path."""
+
+    def __init__(self, handle: Any, path: str) -> None:
+        self._handle, self.path = handle, path
+
+    def write(self, data: Any) -> int:
+        with naming_failed_writes(self.path):
+            return self._handle.write(data)
+
+    def close(self) -> None:
+        with naming_failed_writes(self.path):
+            self._handle.close()
+
+    def __enter__(self) -> _NamedFile:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 class Store:
@@ -70,10 +121,12 @@ class Store:
         parent, base = self.root.rsplit("/", 1) if "/" in self.root else ("", self.root)
         return f"{parent}/.{base}.tmp-{uuid.uuid4().hex[:12]}"
 
-    def open_write(self, root: str, name: str):
-        if self.is_local:
-            return open(self.path(name, root), "wb")
-        return self.fs.open(self.path(name, root), "wb")
+    def open_write(self, root: str, name: str) -> _NamedFile:
+        """``root/name`` opened for writing; a failed write or close names the file."""
+        path = self.path(name, root)
+        with naming_failed_writes(path):
+            handle = (open if self.is_local else self.fs.open)(path, "wb")  # _NamedFile closes it
+        return _NamedFile(handle, path)
 
     def make_dir(self, root: str) -> None:
         if self.is_local:

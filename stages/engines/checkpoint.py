@@ -23,9 +23,16 @@ raises (a damaged file, or an engine built with other settings).
 
 Atomicity: everything is written into ``.{name}.partial`` beside the final directory, then renamed
 into place; an existing checkpoint is renamed aside to ``.{name}.old`` first and deleted after the
-new one is in. A failure leaves no directory under the final name other than the previous, intact
-one. With several ranks every rank calls these functions (DeepSpeed's save is collective); rank 0
-does the renames between barriers, so the directory must be on a file system all ranks share.
+new one is in (and renamed back if the new one cannot be). A failure leaves no directory under the
+final name other than the previous, intact one, and no ``.partial``; the tracker is written to a
+``.partial`` file and replaced, so a failed write leaves the old tracker. With several ranks every
+rank calls these functions (DeepSpeed's save is collective); rank 0 does the renames between
+barriers, so the directory must be on a file system all ranks share.
+
+A full disk (``dataproto.artifact_store.DISK_FULL_ERRNOS``) raises its ``OSError`` naming the
+file being written. ``torch.save`` to a path would raise an opaque ``RuntimeError`` ("unexpected
+pos …") instead, so every torch file, DeepSpeed's included (:func:`_python_file_writes`), is
+written through a Python file object (:func:`save_torch_file`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dataproto.artifact_store import naming_failed_writes
 from stages.engines.checkpoint_manifest import (
     STEP_DIR,
     CheckpointIntegrityError,
@@ -76,11 +86,15 @@ def write_latest_step(root: str | Path, step: int) -> None:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     partial = root / f".{LATEST_FILE}.partial"
-    with open(partial, "w", encoding="utf-8") as handle:
-        handle.write(str(step))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, root / LATEST_FILE)
+    try:
+        with naming_failed_writes(partial), open(partial, "w", encoding="utf-8") as handle:
+            handle.write(str(step))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, root / LATEST_FILE)
+    except BaseException:  # a full disk included: the previous tracker stays
+        partial.unlink(missing_ok=True)
+        raise
     fsync_dir(root)
 
 
@@ -139,13 +153,14 @@ def save_engine_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)  # a leftover of an interrupted save
     _barrier()
     try:
-        engine.save_checkpoint(str(partial), tag=STATE_TAG, client_state={}, save_latest=False)
-        torch.save(rng_state, partial / _rng_file(rank))
+        with naming_failed_writes(partial), _python_file_writes(engine):
+            engine.save_checkpoint(str(partial), tag=STATE_TAG, client_state={}, save_latest=False)
+        save_torch_file(rng_state, partial / _rng_file(rank))
         if rank == 0:
-            (partial / CLIENT_STATE).write_text(client_json, encoding="utf-8")
+            _write_text(partial / CLIENT_STATE, client_json)
             scheduler = _lr_scheduler(engine)
             if scheduler is not None:
-                torch.save(scheduler.state_dict(), partial / LR_SCHEDULER)
+                save_torch_file(scheduler.state_dict(), partial / LR_SCHEDULER)
             manifest = {
                 "format": FORMAT_VERSION,
                 "world_size": world_size,
@@ -154,7 +169,7 @@ def save_engine_checkpoint(
                 "lr_scheduler": scheduler is not None,
             }
             _barrier()  # every rank's files are in before the manifest marks the save complete
-            (partial / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+            _write_text(partial / MANIFEST, json.dumps(manifest, indent=2))
             _replace_dir(partial, directory)
         else:
             _barrier()
@@ -337,6 +352,59 @@ def export_hf_model(engine_or_module, directory: str | Path, tokenizer=None) -> 
 # --- file-system and process-group helpers ---
 
 
+def save_torch_file(obj: Any, path: str | Path, **kwargs: Any) -> None:
+    """``torch.save(obj, …, **kwargs)`` through a Python file object, so a failed write (a full
+    disk) raises its ``OSError`` naming ``path``; ``torch.save`` to a path raises
+    ``RuntimeError("… unexpected pos …")`` with no errno."""
+    with naming_failed_writes(path), open(path, "wb") as handle:
+        try:
+            torch.save(obj, handle, **kwargs)
+        except RuntimeError as err:  # torch's writer hides the file object's OSError here
+            failed = err.__context__
+            if not isinstance(failed, OSError):
+                raise
+            raise OSError(failed.errno, failed.strerror, os.fspath(path)) from err
+
+
+class _PythonFileCheckpointEngine:
+    """DeepSpeed's ``TorchCheckpointEngine`` (possibly inside ``safe_load``'s weights-only
+    wrapper) with ``save`` = :func:`save_torch_file`; everything else is the wrapped engine's."""
+
+    def __init__(self, inner: Any, zipfile_serialization: bool) -> None:
+        self.inner, self.zipfile_serialization = inner, zipfile_serialization
+
+    def save(self, state_dict: Any, path: str) -> None:
+        save_torch_file(state_dict, path, _use_new_zipfile_serialization=self.zipfile_serialization)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@contextmanager
+def _python_file_writes(engine) -> Iterator[None]:
+    """Within the block ``engine``'s DeepSpeed files are written by :func:`save_torch_file`
+    (module docstring); another checkpoint engine than DeepSpeed's torch one is left as it is."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    current = getattr(engine, "checkpoint_engine", None)
+    torch_engine = getattr(current, "inner", current)  # safe_load's wrapper keeps it in .inner
+    if type(torch_engine) is not TorchCheckpointEngine:
+        yield
+        return
+    engine.checkpoint_engine = _PythonFileCheckpointEngine(
+        current, bool(torch_engine.zipfile_serialization)
+    )
+    try:
+        yield
+    finally:
+        engine.checkpoint_engine = current
+
+
+def _write_text(path: Path, text: str) -> None:
+    with naming_failed_writes(path), open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
 def _sibling(directory: Path, suffix: str) -> Path:
     return directory.parent / f".{directory.name}.{suffix}"
 
@@ -345,9 +413,15 @@ def _replace_dir(new: Path, final: Path) -> None:
     """Rename ``new`` to ``final``; an existing ``final`` is renamed aside first, deleted after."""
     old = _sibling(final, "old")
     shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
+    had_final = final.exists()
+    if had_final:
         os.rename(final, old)
-    os.rename(new, final)
+    try:
+        os.rename(new, final)
+    except BaseException:
+        if had_final:  # the previous checkpoint goes back under its name
+            os.rename(old, final)
+        raise
     fsync_dir(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
