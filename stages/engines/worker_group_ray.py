@@ -26,13 +26,22 @@ Ray itself: ``ray.init`` is called only when Ray is not initialised yet — a lo
 ``world_size × num_cpus_per_rank`` CPUs and no dashboard, or a connection to the cluster at
 ``RAY_ADDRESS`` when that is set — and :meth:`RayWorkerGroup.close` kills the actors and calls
 ``ray.shutdown`` only if this group started Ray. Importing this module does not import Ray.
+
+Loopback: every process of a local instance listens on loopback only (:func:`loopback_node`;
+docs/reliability.md, "Services on loopback"), and so do the ranks' rendezvous store and, when
+every rank is on one node, their gloo sockets. A cluster at ``RAY_ADDRESS``, or a Ray the caller
+started, is used as it is.
 """
 
 from __future__ import annotations
 
+import importlib
+import ipaddress
 import math
 import os
-from collections.abc import Callable, Sequence
+import socket
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -44,6 +53,9 @@ from stages.engines.worker_group import check_method
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 #: after one rank fails, seconds the others get to finish before the group is declared broken
 DEFAULT_FAILURE_GRACE_S = 60.0
+#: Ray's single-machine switch: ``=0`` makes Ray take a loopback node address, as it does on
+#: Windows and macOS (Ray documents ``=1``, multi-node clusters there); read when Ray is imported
+RAY_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def import_ray():
@@ -56,6 +68,85 @@ def import_ray():
             "pip install 'ppoflow[ray]' (or set ppoflow.workers.backend=local)"
         ) from error
     return ray
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (an IPv4-mapped one too).
+
+    Example:
+        >>> [is_loopback(h) for h in ("127.0.0.1", "::1", "::ffff:127.0.0.1", "::", "192.0.2.2")]
+        [True, True, True, False, False]
+    """
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
+
+
+@contextmanager
+def loopback_node(ray: Any) -> Iterator[None]:
+    """While a local Ray instance starts: Ray takes a loopback node address, so every process it
+    starts listens on loopback only; the driver's settings are restored afterwards.
+
+    Ray (read in 2.60's source, checked by ``tests/engines/test_ray_loopback.py``) binds its
+    servers by the node address: the GCS, the raylet (node and object manager), each worker's
+    gRPC server, the dashboard and runtime-env agents and the metrics endpoints listen on every
+    interface unless that address is localhost. On Linux Ray takes the machine's routable IP,
+    and replaces a localhost one (``ray.init(_node_ip_address="127.0.0.1")``) by it, unless
+    ``ray._private.ray_constants.ENABLE_RAY_CLUSTER`` is false. Ray sets that constant from
+    :data:`RAY_CLUSTER_SWITCH` when it is imported — already done here — so the constant (an
+    internal name; :func:`check_loopback_node` catches a Ray that drops it) is set as well as the
+    variable, which the processes Ray starts inherit.
+    """
+    constants = importlib.import_module("ray._private.ray_constants")
+    saved_constant = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    saved_variable = os.environ.get(RAY_CLUSTER_SWITCH)
+    constants.ENABLE_RAY_CLUSTER = False
+    os.environ[RAY_CLUSTER_SWITCH] = "0"
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = saved_constant
+        if saved_variable is None:
+            os.environ.pop(RAY_CLUSTER_SWITCH, None)
+        else:
+            os.environ[RAY_CLUSTER_SWITCH] = saved_variable
+
+
+def check_loopback_node(ray: Any) -> None:
+    """Raise unless the running local Ray instance took a loopback node address."""
+    node_ip = ray.util.get_node_ip_address()
+    if not is_loopback(node_ip):
+        raise RuntimeError(
+            f"the local Ray instance (Ray {ray.__version__}) took {node_ip} as its node address, "
+            "so its processes listen on every interface, unauthenticated; ppoflow keeps a local "
+            f"instance on loopback through {RAY_CLUSTER_SWITCH}=0 (ray._private.ray_constants."
+            "ENABLE_RAY_CLUSTER), which this Ray does not honour, or ray_init named a node "
+            "address. Use a Ray that honours it (checked: 2.60), or start Ray yourself where "
+            "its ports cannot be reached from other machines (a firewall, a network namespace) "
+            "and set RAY_ADDRESS to it (docs/reliability.md, Services on loopback)"
+        )
+
+
+def loopback_interface() -> str | None:
+    """The name of the network interface that holds 127.0.0.1 (``lo`` on Linux), or None."""
+    import psutil  # a dependency of DeepSpeed (and shipped with Ray)
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+            return name
+    return None
+
+
+def gloo_on_loopback(master_addr: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` = the loopback interface when every rank is on this node
+    (``master_addr`` 127.0.0.1) and ``environ`` does not set it; else nothing. Without it gloo
+    listens on the address the host name resolves to, often the machine's routable one."""
+    if master_addr != "127.0.0.1" or "GLOO_SOCKET_IFNAME" in environ:
+        return {}
+    interface = loopback_interface()
+    return {"GLOO_SOCKET_IFNAME": interface} if interface else {}
 
 
 class _RankHost:
@@ -80,7 +171,9 @@ class _RankHost:
     def placement(self) -> tuple[str, int]:
         """(this node's IP as Ray sees it, the rendezvous port; 0 on ranks other than 0).
 
-        Rank 0 opens the rendezvous store here and keeps it until the group closes.
+        Rank 0 opens the rendezvous store here and keeps it until the group closes: on
+        127.0.0.1 when the node address is loopback (a local instance: every rank is on this
+        machine), else on every interface (ranks on other nodes reach it at the node IP).
         """
         import ray
         from torch.distributed import TCPStore
@@ -88,8 +181,19 @@ class _RankHost:
         ip = ray.util.get_node_ip_address()
         if self.rank != 0:
             return ip, 0
+        host, port, listen_fd = ip, 0, None
+        if is_loopback(ip):
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind(("127.0.0.1", 0))
+            host, port, listen_fd = "127.0.0.1", listener.getsockname()[1], listener.detach()
         self._store = TCPStore(
-            ip, 0, self.world_size, is_master=True, wait_for_workers=False, timeout=self._timeout
+            host,
+            port,
+            self.world_size,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=self._timeout,
+            master_listen_fd=listen_fd,  # the store's server owns (and closes) the socket
         )
         return ip, self._store.port
 
@@ -100,6 +204,7 @@ class _RankHost:
         from stages.engines.deepspeed_setup import join_process_group
 
         os.environ.update(env)
+        os.environ.update(gloo_on_loopback(env["MASTER_ADDR"], os.environ))
         store = self._store or TCPStore(
             env["MASTER_ADDR"], int(env["MASTER_PORT"]), self.world_size, timeout=self._timeout
         )
@@ -162,7 +267,8 @@ class RayWorkerGroup:
         num_cpus_per_rank / num_gpus_per_rank: Ray resources reserved per rank.
         env: extra environment variables for every rank (strings).
         ray_init: extra ``ray.init`` arguments, used only if this group starts Ray
-            (e.g. ``{"object_store_memory": 200 * 1024**2}``).
+            (e.g. ``{"object_store_memory": 200 * 1024**2}``); a local instance stays on
+            loopback (a ``_node_ip_address`` that is not loopback is refused).
         startup_timeout_s: how long to wait for every actor to be scheduled and started.
         failure_grace_s: after a rank raises, how long the others may run on before the group is
             closed as broken (a rank blocked in a collective would otherwise wait forever).
@@ -197,8 +303,10 @@ class RayWorkerGroup:
         self.failure_grace_s = failure_grace_s
         self._actors: list[Any] = []
         self._owns_ray = False
-        self._start_ray(world_size * num_cpus_per_rank, world_size * num_gpus_per_rank, ray_init)
         try:
+            self._start_ray(
+                world_size * num_cpus_per_rank, world_size * num_gpus_per_rank, ray_init
+            )
             self._start_actors(
                 factory,
                 kwargs,
@@ -217,15 +325,18 @@ class RayWorkerGroup:
             return
         if os.environ.get("RAY_ADDRESS"):  # an existing cluster: connect, it has its resources
             ray.init(**(ray_init or {}))
-        else:
-            options: dict[str, Any] = {
-                "num_cpus": max(1, math.ceil(num_cpus)),
-                "include_dashboard": False,
-            }
-            if num_gpus:
-                options["num_gpus"] = math.ceil(num_gpus)
+            self._owns_ray = True
+            return
+        options: dict[str, Any] = {
+            "num_cpus": max(1, math.ceil(num_cpus)),
+            "include_dashboard": False,
+        }
+        if num_gpus:
+            options["num_gpus"] = math.ceil(num_gpus)
+        with loopback_node(ray):
             ray.init(**{**options, **(ray_init or {})})
         self._owns_ray = True
+        check_loopback_node(ray)  # on failure __init__ closes the group: Ray shuts down
 
     def _start_actors(
         self,
