@@ -7,6 +7,7 @@ import json
 from enum import StrEnum
 from typing import Annotated
 
+import fsspec
 import typer
 
 from dataproto.artifact import ArtifactError, save_artifact
@@ -150,6 +151,11 @@ def make_sample_batch_command(
 ) -> None:
     """Write a synthetic rollout batch artifact (left-padded prompts, right-padded responses,
     some aborted rows, rm_scores at L_i − 1, uid / data_source / reward_model columns)."""
+    fs, root = fsspec.core.url_to_fs(path)
+    if not overwrite and fs.exists(root):  # the library's own line advises overwrite=True
+        raise _fail(
+            f"{path}: already exists; pass --overwrite to replace it, or choose another PATH"
+        )
     try:
         data = make_sample_batch(batch, n, prompt_len, response_len, seed=seed)
         ref = save_artifact(
