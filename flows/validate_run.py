@@ -98,7 +98,11 @@ def validate_run(
         )
     run_dir = os.path.abspath(run_dir)
     if model_dir is not None and not Path(model_dir, "config.json").is_file():
-        raise ExportError(f"--model {model_dir} is not a model directory: it has no config.json")
+        state = "has no config.json" if Path(model_dir).exists() else "does not exist"
+        raise ExportError(
+            f"--model {model_dir} is not a model directory: it {state}; pass a Hugging Face "
+            "model directory (ppoflow export writes one from a checkpoint)"
+        )
     cfg = run_config(run_dir)
     model = os.path.abspath(model_dir) if model_dir is not None else None
     with (
