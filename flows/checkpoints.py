@@ -47,6 +47,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dataproto.artifact_store import naming_failed_writes
 from flows.run_store import decode_metrics, encode_metrics
 from stages.engines.checkpoint import (
     checkpoint_dir,
@@ -83,9 +84,13 @@ def controller_state(kl_ctrl: Any) -> dict[str, Any] | None:
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        json.dump(data, out, indent=1, sort_keys=True)
-    os.replace(temp, path)
+    try:  # a full disk leaves no temp file behind and names the file it could not write
+        with naming_failed_writes(temp), os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(data, out, indent=1, sort_keys=True)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
 
 
 def keep_last(trainer: Any) -> int | None:

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from dataproto.artifact_store import naming_failed_writes
 from dataproto.fingerprint import digest_file
 
 STEP_MANIFEST = "checkpoint_manifest.json"
@@ -146,11 +147,15 @@ def write_step_manifest(root: str | os.PathLike, step: int, roles: list[str]) ->
         "files": sorted(entries, key=lambda entry: entry["path"]),
     }
     handle, temp = tempfile.mkstemp(dir=step_dir, prefix=".tmp-")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        json.dump(manifest, out, indent=1)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temp, step_dir / STEP_MANIFEST)
+    try:  # a full disk leaves no temp file behind and names the file it could not write
+        with naming_failed_writes(temp), os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(manifest, out, indent=1)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, step_dir / STEP_MANIFEST)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
     fsync_dir(step_dir)
     return step_dir / STEP_MANIFEST
 

@@ -201,6 +201,29 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(
     assert read_latest_step(root) == 2 and verify_checkpoint(root, 2).step == 2
 
 
+@pytest.mark.parametrize("module", ["flows.checkpoints", "stages.engines.checkpoint_manifest"])
+def test_a_full_disk_writing_the_state_or_the_manifest_keeps_the_previous_checkpoint(
+    tmp_path, monkeypatch, engines, module
+):
+    """data/state.json (flows/checkpoints.py) and the step manifest are JSON written through
+    a temp file: a full disk there leaves no temp file, names it, and step 1 still loads."""
+    import importlib
+
+    root, run_dir = tmp_path / "ckpt", tmp_path / "run"
+    save_run_checkpoint(root, 1, engines, run_state(run_dir, 4), KEEP_ALL)
+
+    def dump(*args, **kwargs):
+        raise OSError(errno.ENOSPC, ENOSPC_TEXT)  # as a write finds the disk full: no name
+
+    monkeypatch.setattr(importlib.import_module(module).json, "dump", dump)
+    with pytest.raises(OSError, match=ENOSPC_TEXT) as failed:
+        save_run_checkpoint(root, 2, engines, run_state(run_dir, 8), KEEP_ALL)
+    monkeypatch.undo()
+    assert os.path.basename(failed.value.filename).startswith(".tmp-")
+    assert read_latest_step(root) == 1 and hidden_entries(root) == []
+    assert load_run_checkpoint(root, 1, engines)["loader"] == {"position": 4}
+
+
 # --- the one line --------------------------------------------------------------------------------
 
 
