@@ -34,7 +34,7 @@ from flows.cli_train import (
     train_in_phases,
 )
 from flows.run_store import CONFIG_FILE, RUN_INFO_FILE, RunStore
-from stages.config import ConfigError, PPORunConfig, apply_overrides
+from stages.config import ConfigError, PPORunConfig, apply_overrides, validate_config
 
 #: keys ``ppoflow resume`` sets itself
 RESUME_KEYS = ("trainer.resume_mode", "trainer.resume_from_path")
@@ -74,7 +74,7 @@ def resume_config(store: RunStore, overrides: Sequence[str]) -> tuple[PPORunConf
                 f"ppoflow resume takes the run's newest checkpoint itself; drop the override "
                 f"{override!r} (ppoflow train CONFIG {key}=… resumes from another checkpoint)"
             )
-    saved = PPORunConfig.model_validate(store.load_config())
+    saved = validate_config(store.load_config(), f"{store.root}/{CONFIG_FILE}")
     cfg = apply_overrides(saved, [*overrides, "trainer.resume_mode=auto"])
     root = cfg.trainer.default_local_dir
     checkpoint, _ = resume_checkpoint(cfg.trainer, verify="fast")  # the training says what it skips

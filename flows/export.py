@@ -179,15 +179,16 @@ class ExportSource:
 
 def run_config(run_dir: str | os.PathLike) -> Any:
     """The run's resolved config (``config.json``) as a ``PPORunConfig``."""
-    from flows.run_store import RunStore
-    from stages.config import PPORunConfig
+    from flows.run_store import CONFIG_FILE, RunStore
+    from stages.config import validate_config
 
     if not is_run_dir(Path(run_dir)):
         raise ExportError(
             f"{run_dir} is not a run directory: it has no config.json and step journals written "
             "by ppoflow train (expected a directory printed by ppoflow train or ppoflow runs)"
         )
-    return PPORunConfig.model_validate(RunStore(run_dir).load_config())
+    store = RunStore(run_dir)
+    return validate_config(store.load_config(), f"{store.root}/{CONFIG_FILE}")
 
 
 def run_path(run_dir: str | os.PathLike, path: str) -> str:

@@ -67,7 +67,7 @@ from flows.run_identity import CACHE_HITS, run_info, run_tags
 from flows.run_store import CONFIG_FILE, RERUN_FILE, RUN_INFO_FILE, RunStore, StepJournal
 from flows.step_flow import StepFlow, StepResult, run_step
 from flows.train import step_metrics
-from stages.config import PPORunConfig, apply_overrides
+from stages.config import PPORunConfig, apply_overrides, validate_config
 from stages.engines.checkpoint import checkpoint_dir
 from stages.engines.checkpoint_manifest import verify_checkpoint
 from stages.ppo import PPO_STAGES
@@ -503,7 +503,7 @@ def _rerun(
             f"{parent.root} is not a ppoflow run directory (no {CONFIG_FILE}); pass the "
             "directory that ppoflow train printed last"
         )
-    parent_cfg = PPORunConfig.model_validate(parent.load_config())
+    parent_cfg = validate_config(parent.load_config(), f"{parent.root}/{CONFIG_FILE}")
     cfg = apply_overrides(parent_cfg, list(overrides)) if overrides else parent_cfg
     journal = parent_step(parent, step)
     info = {
