@@ -46,6 +46,14 @@ def config_messages() -> Iterator[None]:
         yield
 
 
+def config_error(err: ConfigError) -> str:
+    """What a command prints for a bad config: one ``error: invalid config (SOURCE): …`` line,
+    or with several problems that count on the ``error:`` line and one ``  - …`` line each."""
+    if len(err.problems) == 1:
+        return f"error: invalid config ({err.source}): {err.problems[0]}"
+    return f"error: {err}"
+
+
 config_app = typer.Typer(
     name="config",
     help="Inspect run configs (YAML with verl's key names).",
@@ -75,7 +83,7 @@ def show(
         try:
             cfg = load_config(config, overrides or None)
         except ConfigError as err:
-            typer.echo(str(err), err=True)
+            typer.echo(config_error(err), err=True)
             raise typer.Exit(code=2) from None
     typer.echo(render_derived_comment(cfg), nl=False)
     typer.echo(dump_config(cfg), nl=False)
@@ -98,7 +106,7 @@ def verl_keys(
     try:
         rows = explain_verl_keys(config, overrides or None)
     except ConfigError as err:
-        typer.echo(str(err), err=True)
+        typer.echo(config_error(err), err=True)
         raise typer.Exit(code=2) from None
     shown = [row for row in rows if show_all or row["fate"] != "ppoflow key"]
     width = max((len(row["key"]) for row in shown), default=0)
@@ -134,4 +142,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(config_app, name="config")
 
 
-__all__ = ["config_app", "config_messages", "register", "render_derived_comment"]
+__all__ = ["config_app", "config_error", "config_messages", "register", "render_derived_comment"]
