@@ -1,0 +1,124 @@
+"""Bad checkpoint directories: missing, not a ``global_step_N`` folder, a damaged file, a
+damaged tracker, no checkpoint at all.
+
+Every load checks the step's manifest first (docs/reliability.md, Checkpoint integrity), so a
+damaged file is one ``CheckpointIntegrityError`` line naming it, before torch or DeepSpeed reads
+anything; the checkpoints and the run stay as they are, and an export writes no directory.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+FLIPPED = ("BLAKE3 digest", "differs from the manifest's", "(file altered or damaged); restore "
+           "it or resume from another checkpoint")  # fmt: skip
+
+# (test id, what the input is, file under the finished root or None, damage, command with
+# {run} / {ckpt} / {model} / {out} / {tmp}, exit status, needles)
+CASES = [
+    ("export-folder-missing", "`export CKPT/global_step_7 OUT --base MODEL`, no such folder", None,
+     None, ["export", "{ckpt}/global_step_7", "{out}", "--base", "{model}"], 2,
+     ["{ckpt}/global_step_7 does not exist; expected a run directory or …/global_step_<K>",
+      "steps with a checkpoint under {ckpt}: [1]"]),
+    ("export-not-a-step-folder", "`export CKPT OUT --base MODEL`, the folder above the steps",
+     None, None, ["export", "{ckpt}", "{out}", "--base", "{model}"], 2,
+     ["{ckpt} is neither a run directory (config.json) nor a checkpoint folder; expected a run "
+      "directory or …/global_step_<K> (or …/global_step_<K>/actor)"]),
+    ("export-without-base", "`export CKPT/global_step_1 OUT` without `--base`", None, None,
+     ["export", "{ckpt}/global_step_1", "{out}"], 2,
+     ["is a checkpoint folder, which holds weights only; pass --base MODEL_DIR"]),
+    ("export-flipped-weights", "`export RUN --step 1 OUT`, a flipped byte in the actor weights",
+     "checkpoints/global_step_1/actor/state/mp_rank_00_model_states.pt", "flip",
+     ["export", "{run}", "--step", "1", "{out}"], 2,
+     ["checkpoint {ckpt}/global_step_1/actor/state/mp_rank_00_model_states.pt: ", *FLIPPED]),
+    ("export-truncated-weights", "`export CKPT/global_step_1 OUT --base MODEL`, truncated weights",
+     "checkpoints/global_step_1/actor/state/mp_rank_00_model_states.pt", "truncate",
+     ["export", "{ckpt}/global_step_1", "{out}", "--base", "{model}"], 2,
+     ["mp_rank_00_model_states.pt: ", " bytes, checkpoint_manifest.json says ",
+      "(truncated or altered)"]),
+    ("export-no-manifest", "`export …`, a checkpoint without its manifest",
+     "checkpoints/global_step_1/checkpoint_manifest.json", "delete",
+     ["export", "{ckpt}/global_step_1", "{out}", "--base", "{model}"], 2,
+     ["{ckpt}/global_step_1: no checkpoint_manifest.json, so its files cannot be checked",
+      "python -m stages.engines.checkpoint_manifest {ckpt}/global_step_1"]),
+    ("validate-flipped-weights", "`validate RUN --step 1`, a flipped byte in the actor weights",
+     "checkpoints/global_step_1/actor/state/mp_rank_00_model_states.pt", "flip",
+     ["validate", "{run}", "--step", "1"], 2, ["mp_rank_00_model_states.pt: ", *FLIPPED]),
+    ("resume-truncated-weights", "`resume RUN`, the only checkpoint's weights truncated",
+     "checkpoints/global_step_1/actor/state/mp_rank_00_model_states.pt", "truncate",
+     ["resume", "{run}", "trainer.total_training_steps=2"], 2,
+     ["no checkpoint under {ckpt} passes its check (trainer.resume_mode=auto): skipped the "
+      "checkpoint of step 1: ", "(truncated or altered); restore one, or start fresh with "
+      "trainer.resume_mode=disable"]),
+    ("resume-truncated-loader-state", "`resume RUN`, the checkpoint's data/state.json truncated",
+     "checkpoints/global_step_1/data/state.json", "truncate",
+     ["resume", "{run}", "trainer.total_training_steps=2"], 2,
+     ["skipped the checkpoint of step 1: checkpoint {ckpt}/global_step_1/data/state.json: "]),
+    ("resume-damaged-tracker", "`resume RUN`, latest_checkpointed_iteration.txt not a number",
+     "checkpoints/latest_checkpointed_iteration.txt", "garbage",
+     ["resume", "{run}", "trainer.total_training_steps=2"], 2,
+     ["{ckpt}/latest_checkpointed_iteration.txt should hold a non-negative step number, got "
+      "'not json'"]),
+    ("resume-no-checkpoint", "`resume RUN trainer.default_local_dir=EMPTY`, no checkpoint there",
+     None, None, ["resume", "{run}", "trainer.default_local_dir={tmp}/none"], 2,
+     ["{run} has no checkpoint to resume from: trainer.default_local_dir {tmp}/none holds no "
+      "latest_checkpointed_iteration.txt (the run saves one every trainer.save_freq=1 steps)"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("described", "target", "how", "args", "code", "needles"),
+    [pytest.param(*c[1:], id=c[0]) for c in CASES],
+)
+def test_a_bad_checkpoint_is_named_and_nothing_is_written(
+    ppoflow, expect, fill, unchanged, damaged, console, finished, demo, tmp_path,
+    described, target, how, args, code, needles,
+):  # fmt: skip
+    out = tmp_path / "out"
+    paths = {"run": finished.run, "ckpt": finished.checkpoints, "model": demo.model, "out": out,
+             "tmp": tmp_path}  # fmt: skip
+    target = finished.root / (target or "run/config.json")  # without one: nothing damaged
+    with damaged(target, how or (lambda path: None)), unchanged(*finished.dirs):
+        result = ppoflow(*fill(args, **paths))
+    expect(result, code, *fill(needles, **paths), input=described, console=console())
+    assert not out.exists()
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_train_with_a_resume_path_that_is_not_a_checkpoint(ppoflow, expect, demo, tmp_path):
+    missing = tmp_path / "checkpoints" / "global_step_3"
+    result = ppoflow(
+        "train", "demo-cpu",
+        *demo.overrides(tmp_path, "trainer.resume_mode=resume_path",
+                        f"trainer.resume_from_path={missing}"),
+        "--run-dir", tmp_path / "run",
+    )  # fmt: skip
+    expect(result, 1, f"trainer.resume_from_path='{missing}' must be an existing "
+           "…/global_step_N checkpoint folder (resume_mode resume_path)",
+           input="`trainer.resume_mode=resume_path` with a resume_from_path that does not exist")  # fmt: skip
+    assert not list((tmp_path / "run").glob("step_*"))
+
+
+FULL_CHECK_AFTER_START = (
+    "the resume's fast check (sizes) passes a flipped byte; the training's full check refuses "
+    "it, but after the start wrote config.json (flows/train.py _open_locked saves it before the "
+    "engines and the checkpoint are loaded; it should save it after resume())"
+)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_resume_with_a_flipped_byte_in_the_weights_keeps_the_run(
+    ppoflow, expect, files, damaged, finished
+):
+    weights = finished.actor_weights
+    with damaged(weights, "flip"), damaged(finished.run / "config.json", lambda path: None):
+        before = files.snapshot(*finished.dirs)
+        result = ppoflow("resume", finished.run, "trainer.total_training_steps=2")
+        changed = files.changed(before, *finished.dirs)
+    expect(result, 2, f"no checkpoint under {finished.checkpoints} passes its check",
+           f"checkpoint {weights}: BLAKE3 digest", *FLIPPED[1:],
+           input="`resume RUN`, a flipped byte in the actor weights (found by the full check)")  # fmt: skip
+    assert not (finished.run / "step_2").exists()
+    assert not [name for name in changed if "/step_" in name or "/checkpoints/" in name]
+    if changed:
+        pytest.xfail(f"{FULL_CHECK_AFTER_START}: changed {changed}")
