@@ -206,11 +206,18 @@ def test_zero3_optimizer_files_are_checked_before_deepspeed_reads_them(base_mode
 
 def make_fake_run(tmp_path: Path, checkpoints: str) -> Path:
     """A run directory with two done steps and actor checkpoint manifests of steps 1 and 2 in
-    ``tmp_path/ckpt``, which its config names as ``checkpoints``; its run_info.json says it
-    started in ``tmp_path``."""
+    ``tmp_path/ckpt``, which its config names as ``checkpoints``, and a stand-in base model
+    directory ``tmp_path/model`` (a config.json only); its run_info.json says it started in
+    ``tmp_path``."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
     cfg = load_config(
         REPO / "configs" / "demo-cpu.yaml",
-        [f"trainer.default_local_dir={checkpoints}", "trainer.total_training_steps=2"],
+        [
+            f"trainer.default_local_dir={checkpoints}",
+            "trainer.total_training_steps=2",
+            f"actor_rollout_ref.model.path={tmp_path}/model",
+        ],
     )
     store = RunStore(tmp_path / "run")
     store.save_config(cfg)
