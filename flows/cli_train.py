@@ -72,11 +72,14 @@ def has_prefect_server() -> bool:
 
 
 class _RunLinesOffConsole(logging.Filter):
-    """Drops the flow / task run loggers' INFO records from a console handler."""
+    """Drops from a console handler the flow / task run loggers' INFO records and their records
+    that carry a traceback (Prefect's "Encountered exception during execution"): the failure
+    reaches the terminal as the command's one ``error:`` line, and the traceback stays in the
+    flow run's logs (the UI, with a server) and ``--verbose``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         is_run_line = record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
-        return not (is_run_line and record.levelno < logging.WARNING)
+        return not (is_run_line and (record.levelno < logging.WARNING or record.exc_info))
 
 
 def fail_in_one_line(

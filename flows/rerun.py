@@ -65,6 +65,7 @@ from flows.engines import (
 )
 from flows.run_identity import CACHE_HITS, run_info, run_tags
 from flows.run_store import CONFIG_FILE, RERUN_FILE, RUN_INFO_FILE, RunStore, StepJournal
+from flows.stage_task import check_reusable
 from flows.step_flow import StepFlow, StepResult, run_step
 from flows.train import step_metrics
 from stages.config import PPORunConfig, apply_overrides, validate_config
@@ -513,6 +514,10 @@ def _rerun(
         "to": to_stage or METRICS_STAGE,
         "overrides": list(overrides),
     }
+    origin = f"{parent.root} step {step}"
+    step_input = load_step_input(journal, origin, verify)  # read before the branch is written,
+    reuse = reusable_records(journal, before)
+    check_reusable(reuse, origin, verify)  # so a damaged parent leaves no half-made branch
     store = open_branch(
         parent, cfg, new_run_dir or default_rerun_dir(parent.root, step, from_stage), info
     )
@@ -520,15 +525,15 @@ def _rerun(
     try:
         result = run_step.fn(
             stages,
-            load_step_input(journal, f"{parent.root} step {step}", verify),
+            step_input,
             StageContext(config=cfg, engines=engines, step=step),
             store,
             step,
             weights_fingerprints=weights_lookup(weights_at_start(journal, parent_cfg, step), step),
             refresh=[s.name for s in stages if s.name not in before] if refresh else (),
             verify=verify,
-            reuse=reusable_records(journal, before),
-            reuse_origin=f"{parent.root} step {step}",
+            reuse=reuse,
+            reuse_origin=origin,
             previous=journal,
         )
     finally:

@@ -46,6 +46,7 @@ from dataproto.artifact import (
     load_artifact,
     read_manifest,
     save_artifact,
+    verify_artifact,
 )
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from dataproto.protocol import DataProto
@@ -411,6 +412,38 @@ def miss_reason(previous: StageRecord | None, parts: dict[str, Any], store: RunS
     return "cache miss: " + "; ".join(reasons) if reasons else "cache miss"
 
 
+def check_reusable(records: dict[str, StageRecord], origin: str, verify: Verify) -> None:
+    """Make, before anything is written, the checks :func:`reuse_stage` makes on each record's
+    artifact: it exists, holds the recorded fingerprint, and its files pass ``verify``
+    (``"full"`` hashes every file, ``"lazy"`` checks sizes, the manifest and the small files).
+    ``records`` maps a stage name to its record in ``origin``'s journal.
+
+    Raises:
+        ArtifactError: naming the artifact file that is missing, damaged or replaced.
+        ValueError: a record has no artifact.
+    """
+    for name, record in records.items():
+        _check_reused_manifest(name, record, origin)
+        if verify == "full":
+            verify_artifact(record.artifact)
+        else:
+            load_artifact(record.artifact, verify=verify)
+
+
+def _check_reused_manifest(stage: str, record: StageRecord, origin: str) -> None:
+    if record.artifact is None or record.fingerprint is None:
+        raise ValueError(
+            f"stage {stage!r} has no artifact in {origin} ({record.status}: "
+            f"{record.reason}); re-run from {stage!r} or an earlier stage instead"
+        )
+    manifest = read_manifest(record.artifact)
+    if manifest["fingerprint"] != record.fingerprint:
+        raise ArtifactError(
+            f"{record.artifact}: holds fingerprint {manifest['fingerprint'][:16]}…, but the "
+            f"journal of {origin} records {record.fingerprint[:16]}… (the artifact was replaced)"
+        )
+
+
 def reuse_stage(
     stage: Stage, record: StageRecord, origin: str, verify: Verify = "full"
 ) -> StageOutcome:
@@ -424,17 +457,7 @@ def reuse_stage(
         ValueError: the record has no artifact (the stage was skipped in ``origin``).
     """
     start = perf_counter()
-    if record.artifact is None or record.fingerprint is None:
-        raise ValueError(
-            f"stage {stage.name!r} has no artifact in {origin} ({record.status}: "
-            f"{record.reason}); re-run from {stage.name!r} or an earlier stage instead"
-        )
-    manifest = read_manifest(record.artifact)
-    if manifest["fingerprint"] != record.fingerprint:
-        raise ArtifactError(
-            f"{record.artifact}: holds fingerprint {manifest['fingerprint'][:16]}…, but the "
-            f"journal of {origin} records {record.fingerprint[:16]}… (the artifact was replaced)"
-        )
+    _check_reused_manifest(stage.name, record, origin)
     delta = load_artifact(record.artifact, verify=verify)
     reused = replace(
         record,

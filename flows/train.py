@@ -203,10 +203,11 @@ def open_run(cfg: PPORunConfig, run_dir: str | None, startup: Startup | None = N
 
 
 def _open_locked(cfg: PPORunConfig, store: RunStore, startup: Startup) -> TrainRun:
-    """:func:`open_run` once the run directory is this process's to write."""
+    """:func:`open_run` once the run directory is this process's to write. ``config.json`` is
+    written after the tokenizer, the datasets, the engines and the resumed checkpoint were read,
+    so a start refused on bad input leaves a finished run's config as it was."""
     for path in store.remove_temp_files():
         startup.say(f"removed {path}, left by an interrupted write")
-    store.save_config(cfg)
     model = cfg.actor_rollout_ref.model
     with startup.phase("model", f"reading the tokenizer of {model.tokenizer_path}") as shown:
         tokenizer = load_tokenizer(model.tokenizer_path)
@@ -224,6 +225,7 @@ def _open_locked(cfg: PPORunConfig, store: RunStore, startup: Startup) -> TrainR
     run.engines = build_engines(cfg, tokenizer, total, startup)
     try:
         resume(run, startup)
+        store.save_config(cfg)  # only now: a start that failed keeps the run's config.json
         resumed_step = None if run.resumed is None else run.resumed.step
         tags = run_tags(cfg, store.root, resumed_step)
         sinks_phase = "MLflow" if "mlflow" in cfg.trainer.logger else "metrics"

@@ -200,18 +200,6 @@ def unchanged() -> Callable[..., Any]:
     return unchanged_files
 
 
-@pytest.fixture
-def files() -> Any:
-    """``files.snapshot(dir, …)`` and ``files.changed(before, dir, …)``, for a case whose
-    loss is a known gap (the test says so with ``pytest.xfail`` after its other checks)."""
-
-    class Files:
-        snapshot = staticmethod(snapshot)
-        changed = staticmethod(changed_files)
-
-    return Files
-
-
 @contextmanager
 def damage(path: Path, how: str | Callable[[Path], object]) -> Iterator[Path]:
     """``path`` damaged for the block, then restored: ``truncate`` (to half its bytes),
