@@ -313,3 +313,11 @@ def record_problem(cache_dir: str | os.PathLike, key: str) -> str | None:
     except CacheRecordError as err:
         return str(err)
     return None
+
+
+def delete_record(cache_dir: str | os.PathLike, key: str) -> None:
+    """Remove the cache record of ``key`` and its reference (``refs/<key>``), if there; the
+    record first, so a process killed between the two leaves a reference nothing points to,
+    never a record without its reference."""
+    for name in (key, f"{REFS_DIR}/{key}"):
+        Path(cache_dir, name).unlink(missing_ok=True)

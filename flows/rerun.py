@@ -63,6 +63,7 @@ from flows.engines import (
     close_engines,
     roles_for,
 )
+from flows.retention import pruned_error
 from flows.run_identity import CACHE_HITS, run_info, run_tags
 from flows.run_store import CONFIG_FILE, RERUN_FILE, RUN_INFO_FILE, RunStore, StepJournal
 from flows.stage_task import check_reusable
@@ -370,6 +371,8 @@ def parent_step(parent: RunStore, step: int) -> StepJournal:
             f"step {step} of {parent.root} did not finish (journal status {journal.status!r}); "
             "re-run a finished step"
         )
+    if journal.pruned is not None:
+        raise pruned_error(journal, parent.root)
     return journal
 
 
@@ -544,6 +547,7 @@ def _rerun(
         metrics = step_metrics(result, cfg, step, epoch)
     result.journal.metrics, result.journal.weights = metrics, dict(journal.weights)
     store.write_journal(result.journal)
+    parent.record_branch(store.root, step)  # the parent's retention keeps this step's artifacts
     original = dict(journal.metrics)
     if (to_stage or METRICS_STAGE) != METRICS_STAGE:  # stages after --to did not run: not a change
         original = {name: value for name, value in original.items() if name in metrics}

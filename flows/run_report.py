@@ -39,6 +39,7 @@ from dataproto.artifact import Verify
 from dataproto.artifact_store import MANIFEST
 from dataproto.report import describe_artifact
 from flows.cache_keys import jsonable
+from flows.retention import RetentionPolicy, pruned_error
 from flows.run_store import CONFIG_FILE, RERUN_FILE, RunStore, StageRecord, StepJournal
 
 SCORE_METRIC = "critic/score/mean"
@@ -263,7 +264,7 @@ def _step_row(journal: StepJournal, columns: Sequence[str]) -> list[str]:
         *(status.get(stage, "-") for stage in columns),
         format_number(metrics.get(SCORE_METRIC)),
         format_seconds(metrics.get(STEP_TIME_METRIC)),
-        format_bytes(nbytes),
+        "pruned" if journal.pruned is not None else format_bytes(nbytes),
     ]
 
 
@@ -299,6 +300,13 @@ def _run_header(store: RunStore, journals: Sequence[StepJournal]) -> list[str]:
         )
     steps = format_steps([journal.step for journal in journals])
     lines.append(f"steps        {steps} ({done} done, {len(journals) - done} running)")
+    pruned = [journal for journal in journals if journal.pruned is not None]
+    if pruned:
+        kept = format_steps([journal.step for journal in journals if journal.pruned is None])
+        lines.append(
+            f"artifacts    kept for steps {kept}; {len(pruned)} steps pruned by "
+            f"{RetentionPolicy(**pruned[-1].pruned).describe()}"
+        )
     return lines
 
 
@@ -350,8 +358,9 @@ def step_text(store: RunStore, step: int) -> str:
     """One step: its input, a table of stage records, artifact paths, metrics by stage."""
     (journal,) = read_journals(store, step)
     metrics = step_metrics(journal)
+    pruned = "" if journal.pruned is None else ", artifacts pruned by retention"
     lines = [
-        f"step         {journal.step} ({journal.status})",
+        f"step         {journal.step} ({journal.status}{pruned})",
         f"input        {_display_path(store, journal.input_artifact)} "
         f"({_short(journal.input_fingerprint)})",
         f"time         {format_seconds(metrics.get(STEP_TIME_METRIC))} s",
@@ -433,4 +442,6 @@ def stage_text(store: RunStore, step: int, stage: str, *, verify: Verify = "full
     lines = record_lines(step, record)
     if record.artifact is None:
         return "\n".join([*lines, "", f"no artifact: the stage was {record.status}"])
+    if journal.pruned is not None:
+        raise RunReportError(str(pruned_error(journal, store.root)))
     return "\n".join([*lines, "", describe_artifact(record.artifact, verify=verify)])

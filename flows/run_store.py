@@ -10,6 +10,8 @@ Layout (``root`` is a local path or any fsspec URL)::
     <root>/step_<k>/journal.json       what happened in step k (StepJournal below)
     <root>/cache/                      Prefect's cache records (local roots; see RunStore)
     <root>/code/<fingerprint>.json     the files (name → BLAKE3) behind a stage's code fingerprint
+    <root>/branches/<id>.json          a re-run branch of this run and the step it re-ran
+                                       (flows/rerun.py), whose artifacts retention keeps
 
 Artifacts are named relative to the run directory in journals and cache records, so a copied
 or moved run directory is self-contained: it re-runs from its own files.
@@ -53,6 +55,7 @@ RUN_INFO_FILE = "run_info.json"  # the run's MLflow run and store (flows/run_ide
 RUN_INFO_REQUIRED = ("mlflow_run_id", "mlflow_tracking_uri", "mlflow_experiment")
 RERUN_FILE = "rerun.json"  # a re-run branch's parent, step, stages and overrides (flows/rerun.py)
 JOURNAL_FILE = "journal.json"
+BRANCHES_DIR = "branches"  # branches/<id>.json: a re-run branch of this run (record_branch)
 CODE_DIR = "code"  # code/<fingerprint>.json: the files behind a stage's code fingerprint
 INPUT_NAME = "input"
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -178,7 +181,9 @@ class StepJournal:
     ``metrics`` holds the stages' metrics and ``timing_s/*`` while the step runs; the train flow
     replaces them with the step's full metrics (data, timing, throughput, ``training/*``) after
     it. ``weights``: role → weights fingerprint at the start of the step (flows/engines.py's
-    lineage), which a re-run of the step needs for its cache keys.
+    lineage), which a re-run of the step needs for its cache keys. ``pruned``: the retention
+    settings (``{"keep_last": K, "keep_every": N}``, flows/retention.py) that removed the step's
+    artifacts, None while they are kept.
     """
 
     step: int
@@ -188,6 +193,7 @@ class StepJournal:
     stages: list[StageRecord] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     weights: dict[str, str] = field(default_factory=dict)
+    pruned: dict[str, int | None] | None = None
 
     def record(self, name: str) -> StageRecord:
         """The record of stage ``name``; ``KeyError`` listing the recorded stages otherwise."""
@@ -202,7 +208,7 @@ class StepJournal:
     def to_json(self, root: str | None = None) -> dict[str, Any]:
         """JSON data; with ``root`` (the run directory), artifacts below it are named relative
         to it, so a copied or moved run directory is self-contained."""
-        return {
+        data = {
             "step": self.step,
             "status": self.status,
             "input_artifact": relative_to_root(self.input_artifact, root),
@@ -211,6 +217,9 @@ class StepJournal:
             "metrics": encode_metrics(self.metrics, f"step {self.step}"),
             "weights": dict(self.weights),
         }
+        if self.pruned is not None:
+            data["pruned"] = dict(self.pruned)
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any], root: str | None = None) -> StepJournal:
@@ -223,6 +232,7 @@ class StepJournal:
             stages=[StageRecord.from_json(record, root) for record in data["stages"]],
             metrics=decode_metrics(data["metrics"]),
             weights=dict(data.get("weights") or {}),
+            pruned=data.get("pruned"),
         )
 
 
@@ -468,6 +478,62 @@ class RunStore:
         if name.startswith("/") or "://" in name:
             return [name]
         return [f"{root.rstrip('/')}/{name}" for root in self.search_roots()]
+
+    # --- retention (flows/retention.py) ---
+
+    def remove_step_artifacts(self, step: int) -> list[str]:
+        """Delete the artifact folders of step ``step`` (its input and every stage's delta),
+        keeping its journal; returns their paths. On a local disk each folder is first renamed
+        to ``.<name>.tmp-pruned`` beside it, so a process killed while deleting leaves only a
+        temp folder that :meth:`remove_temp_files` removes, never a half artifact."""
+        directory = self._fs_path(self.step_dir(step))
+        if not self.fs.exists(directory):
+            return []
+        removed = []
+        for entry in sorted(self.fs.ls(directory, detail=False)):
+            name = entry.rstrip("/").rsplit("/", 1)[-1]
+            if name == JOURNAL_FILE or name.startswith(".") or not self.fs.isdir(entry):
+                continue
+            if self.is_local:
+                doomed = os.path.join(directory, f".{name}.tmp-pruned")
+                os.replace(entry, doomed)
+                shutil.rmtree(doomed)
+            else:
+                self.fs.rm(entry, recursive=True)
+            removed.append(f"{self.step_dir(step)}/{name}")
+        return removed
+
+    def record_branch(self, branch_root: str, step: int) -> None:
+        """Note in this run that the run directory ``branch_root`` re-ran step ``step`` (and may
+        name this run's artifacts of that step): ``branches/<id>.json``."""
+        name = hashlib.sha256(branch_root.encode()).hexdigest()[:16]
+        data = {"run_dir": branch_root, "step": step}
+        self._write_text(f"{self.root}/{BRANCHES_DIR}/{name}.json", json.dumps(data))
+
+    def branches(self) -> dict[str, int]:
+        """Branch run directory → the step it re-ran, for the branches that still exist.
+
+        Raises:
+            ValueError: a note is unreadable (named), so what it protects is unknown.
+        """
+        directory = self._fs_path(f"{self.root}/{BRANCHES_DIR}")
+        if not self.fs.exists(directory):
+            return {}
+        found = {}
+        for entry in self.fs.ls(directory, detail=False):
+            if not entry.endswith(".json"):
+                continue
+            try:
+                data = json.loads(self.fs.cat_file(entry))
+                branch, step = str(data["run_dir"]), int(data["step"])
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(
+                    f'{entry}: unreadable branch note ({err}); expected {{"run_dir": …, '
+                    '"step": K}, as ppoflow rerun writes it'
+                ) from None
+            if RunStore(branch).exists(RERUN_FILE):
+                found[branch] = step
+        return found
 
     # --- code manifests (the files behind a stage's code fingerprint) ---
 

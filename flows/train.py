@@ -2,7 +2,7 @@
 
 ``train(config, overrides, run_dir)`` reads like verl's ``fit`` without its branches:
 
-1. resolve and validate the config, create the run directory (``RunStore``) and save the config;
+1. resolve and validate the config, create and lock the run directory (``RunStore``);
 2. load the tokenizer and the train / validation datasets, build the loader;
 3. build the engines once (``flows.engines``: actor, ref, critic, reward pool), open the metric
    sinks ``trainer.logger`` lists (``flows.metric_sinks``: MLflow with experiment =
@@ -10,15 +10,16 @@
    ``<ppoflow.artifact_dir>/mlflow.db`` unless ``ppoflow.mlflow_tracking_uri`` or
    ``MLFLOW_TRACKING_URI`` names another (flows/mlflow_store.py), tagged with the version,
    commit, run dir and config digest (flows/run_identity.py); W&B; TensorBoard), log the config
-   to them, and write ``<run_dir>/run_info.json`` (the MLflow run id, store and experiment);
+   to them, save it as ``<run_dir>/config.json`` (only now: a failed start keeps a run's
+   config), and write ``<run_dir>/run_info.json`` (the MLflow run id, store and experiment);
 4. ``val_before_train``; then for each step: the step input (uid per prompt, repeat n), the step
    flow's stages (``run_step.fn`` inside this flow run: a subflow run per step would cost far
    more than the 3 % of a demo step allowed, flows/step_flow.py), the
    step metrics (stage metrics, data, timing, throughput, ``training/*``, ``ppoflow/cache_hits``)
    → the sinks, validation every ``test_freq`` steps and at the last step (the generations as an
    MLflow table), a checkpoint every ``save_freq`` steps (with the run's identity and the step's
-   metrics, :func:`save_checkpoint`), a
-   markdown summary of the step as a Prefect artifact keyed ``<experiment>-<run tag>-step-<k>``
+   metrics, :func:`save_checkpoint`), the retention pass (``ppoflow.artifacts``: older steps'
+   artifacts pruned, flows/retention.py), a markdown summary of the step as a Prefect artifact keyed ``<experiment>-<run tag>-step-<k>``
    (``flows.step_report``); the sinks' metrics and the report are sent on a background thread
    while the next step computes (``flows.publisher``);
 5. a summary; the engines and the reward pool are closed in ``finally``.
@@ -77,6 +78,7 @@ from flows.generations_dump import dump_rollout, dump_validation
 from flows.metric_sinks import MetricSinks, ResumedRun, open_sinks
 from flows.progress import SCORE, Progress
 from flows.publisher import Publisher
+from flows.retention import Retention
 from flows.run_identity import (
     CACHE_HITS,
     cache_hits,
@@ -169,6 +171,7 @@ class TrainRun:
     start_step: int = 1
     resumed: ResumedRun | None = None  # the checkpoint this run continues from
     lock: RunLock | None = None  # the run directory's, released when the run ends
+    retention: Retention | None = None  # prunes old steps' artifacts (flows/retention.py)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.sinks.log_metrics(metrics, step)
@@ -223,6 +226,7 @@ def _open_locked(cfg: PPORunConfig, store: RunStore, startup: Startup) -> TrainR
     if cfg.algorithm.use_kl_in_reward:
         run.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl)
     run.engines = build_engines(cfg, tokenizer, total, startup)
+    run.retention = Retention.open(store, cfg)
     try:
         resume(run, startup)
         store.save_config(cfg)  # only now: a start that failed keeps the run's config.json
@@ -455,6 +459,7 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
                 metrics.update(val_metrics)
             if save_due:
                 save_checkpoint(run, step, metrics)
+            run.retention.after_step(step)
             publisher.submit(
                 publish_step, run, step, records, metrics, result.mlflow_run_id, val_score
             )

@@ -133,6 +133,24 @@ class WorkersConfig(ConfigModel):
     )
 
 
+class ArtifactRetentionConfig(ConfigModel):
+    """Which steps keep their stage artifacts (flows/retention.py); both null keeps every step."""
+
+    keep_last: int | None = Field(
+        None,
+        ge=1,
+        description="Keep the stage artifacts of the newest K steps; older ones are pruned after "
+        "each step unless another rule keeps them; null = this rule keeps none, both null = "
+        "prune nothing (steps)",
+    )
+    keep_every: int | None = Field(
+        None,
+        ge=1,
+        description="Also keep the artifacts of every N-th step (step % N == 0); steps a "
+        "checkpoint or a re-run branch needs are always kept (steps)",
+    )
+
+
 class PPOFlowConfig(ConfigModel):
     """[ppoflow-only] Artifacts, caching, tracking and worker placement."""
 
@@ -154,6 +172,10 @@ class PPOFlowConfig(ConfigModel):
         description="File digest of the stage artifacts: blake3 (about half sha256's CPU per "
         "byte), or sha256_tree (sha256 all the way down); the fingerprint is a sha256 either way "
         "(choice)",
+    )
+    artifacts: ArtifactRetentionConfig = Field(
+        default_factory=ArtifactRetentionConfig,
+        description="Retention of the steps' stage artifacts (section)",
     )
     workers: WorkersConfig = Field(
         default_factory=WorkersConfig, description="Engine rank placement (section)"
