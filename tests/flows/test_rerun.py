@@ -74,12 +74,13 @@ def model_calls(monkeypatch) -> list[str]:
 
 
 def snapshot(run_dir: str) -> dict[str, float]:
-    """Every file of a run dir (except cache records) → mtime, to prove it was not modified."""
+    """Every file of a run dir (except cache records and the notes of its re-run branches,
+    ``branches/``, which a re-run adds) → mtime, to prove it was not modified."""
     root = Path(run_dir)
     return {
         str(p.relative_to(root)): p.stat().st_mtime_ns
         for p in root.rglob("*")
-        if p.is_file() and "cache" not in p.relative_to(root).parts
+        if p.is_file() and not {"cache", "branches"} & set(p.relative_to(root).parts)
     }
 
 
@@ -109,6 +110,7 @@ def test_rerun_from_advantage_with_another_estimator(parent_run, tmp_path, model
     assert "actor/pg_loss" in changed
     assert "critic/score/mean" not in changed  # the same responses and rewards
     assert snapshot(parent_run["run_dir"]) == before  # the original run is never modified
+    assert RunStore(parent_run["run_dir"]).branches()[result.run_dir] == 2  # only noted
     info = json.loads((tmp_path / "branch" / "rerun.json").read_text())
     assert info["parent_run_dir"] == parent_run["run_dir"] and info["from"] == "advantage"
 
