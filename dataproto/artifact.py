@@ -6,7 +6,10 @@ Layout of an artifact directory (a local path or any fsspec URL such as ``memory
     manifest.json            format + version, schema, file digest name, file table (bytes and
                              digest per file), fingerprint, optional stage / stage_version /
                              config / extra
-    tensors.safetensors      the batch layer (absent when batch is None); memory-mapped on read
+    tensors.safetensors      the batch layer (absent when batch is None); memory-mapped on read;
+                             integer tensors in the narrowest lossless dtype (uint8 … int32,
+                             dataproto/compact_dtypes.py: masks 1 byte a cell instead of 8),
+                             listed in the manifest's ``batch.stored`` and cast back on read
     non_tensor_000.npy       a numeric / bool / fixed-width-string numpy array (no pickle)
     non_tensor_001.json      an object array, type-preserving JSON (dataproto/nontensor_codec.py)
     meta_info.json           meta_info, same JSON codec (numpy scalars become Python scalars)
@@ -31,6 +34,10 @@ in O(metadata) time; a flipped byte inside tensor data is then found only by
 :func:`verify_artifact` or a full load. Every problem raises :class:`ArtifactError` naming the
 file.
 
+Format version 3 (this one) stores integer tensors narrow; version 2 artifacts (every tensor in
+its in-memory dtype) still load. A narrowed tensor is cast back to its in-memory dtype on load,
+which reads its bytes; float and bool tensors stay unread views until touched.
+
 Loaded tensors are private (copy-on-write) views of the file: changing them never changes the
 artifact, and replacing the artifact (``overwrite=True`` renames, never rewrites in place) leaves
 them valid. Artifact files must never be truncated or rewritten in place by other tools while a
@@ -47,10 +54,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import torch
 from tensordict import TensorDict
 
 from dataproto import nontensor_codec as codec
 from dataproto.artifact_store import MANIFEST, Store
+from dataproto.compact_dtypes import STORED_DTYPE_NAMES, narrow_tensors, widen_tensors
 from dataproto.fingerprint import (
     DEFAULT_DIGEST,
     DIGESTS,
@@ -61,7 +70,7 @@ from dataproto.fingerprint import (
     content_fingerprint,
     digest_bytes,
 )
-from dataproto.schema import schema_of, schema_to_json
+from dataproto.schema import schema_of, schema_to_json, torch_dtype_name
 from dataproto.tensor_file import (
     load_tensor_bytes,
     open_tensor_file,
@@ -70,7 +79,9 @@ from dataproto.tensor_file import (
 )
 
 FORMAT_NAME = "ppoflow-dataproto"
-FORMAT_VERSION = 2  # 2: per-file sha256 chunk-tree digests (dataproto/fingerprint.py)
+FORMAT_VERSION = 3  # 3: integer tensors stored narrow (dataproto/compact_dtypes.py)
+#: the versions this ppoflow reads: 2 (per-file digests, tensors in their in-memory dtypes) and 3
+READABLE_VERSIONS = (2, 3)
 TENSOR_FILE = "tensors.safetensors"
 META_FILE = "meta_info.json"
 
@@ -168,6 +179,7 @@ def save_artifact(
     extra: Any = None,
     overwrite: bool = False,
     digest: Digest = DEFAULT_DIGEST,
+    narrow: bool = True,
 ) -> ArtifactRef:
     """Write ``data`` (a DataProto) as an artifact directory at ``path`` (local or fsspec URL).
 
@@ -179,6 +191,9 @@ def save_artifact(
             ``config`` and ``extra`` must be plain JSON data.
         overwrite: replace an existing artifact at ``path``; otherwise an existing path is an error.
         digest: the file digest, ``"sha256_tree"`` or ``"blake3"`` (dataproto/fingerprint.py).
+        narrow: store integer tensors in their narrowest lossless dtype
+            (dataproto/compact_dtypes.py); False writes every tensor in its in-memory dtype
+            (as format version 2 did), which keeps a lazy load from reading integer tensors.
 
     Returns:
         An :class:`ArtifactRef` (path, fingerprint, rows, nbytes); a plain local path is made
@@ -186,7 +201,9 @@ def save_artifact(
     """
     store = Store(os.fspath(path))
     check_digest_name(digest)
-    tensors = _prepare_tensors(data)
+    tensors, narrowed = _prepare_tensors(data), {}
+    if tensors is not None and narrow:
+        tensors, narrowed = narrow_tensors(tensors)
     non_tensor = _encode_non_tensor(data)
     try:
         meta_bytes = codec.encode_meta_info(data.meta_info if data.meta_info is not None else {})
@@ -198,7 +215,12 @@ def save_artifact(
         "rows": _row_count(data),
         "batch": None
         if tensors is None
-        else {"file": TENSOR_FILE, "rows": int(data.batch.batch_size[0]), "keys": list(tensors)},
+        else {
+            "file": TENSOR_FILE,
+            "rows": int(data.batch.batch_size[0]),
+            "keys": list(tensors),
+            "stored": {name: torch_dtype_name(dtype) for name, dtype in narrowed.items()},
+        },
         "non_tensor": [{"key": key, "file": name} for key, name, _ in non_tensor],
         "meta_file": META_FILE,
         "schema": schema_to_json(schema_of(data)),
@@ -270,10 +292,11 @@ def _read_manifest(store: Store) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise ArtifactError(f"{where}: format {got!r}, expected {FORMAT_NAME!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_VERSIONS:
         raise ArtifactError(
             f"{where}: format version {manifest.get('format_version')!r}; this ppoflow reads "
-            f"version {FORMAT_VERSION} (re-create the artifact with this version)"
+            f"versions {READABLE_VERSIONS[0]}-{READABLE_VERSIONS[-1]} (re-create the artifact "
+            "with this version)"
         )
     missing = [key for key in _REQUIRED if key not in manifest]
     if missing:
@@ -353,19 +376,44 @@ def _read_checked(store: Store, name: str, manifest: dict[str, Any]) -> bytes:
     return raw
 
 
-def _expected_tensors(manifest: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
+def _expected_tensors(
+    manifest: dict[str, Any], where: str = MANIFEST
+) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name → (dtype in the file, shape): the schema's, with the narrowed keys' stored dtype."""
+    stored = (manifest["batch"] or {}).get("stored") or {}
+    keys = set((manifest["batch"] or {}).get("keys") or ())
+    if not isinstance(stored, dict):
+        raise ArtifactError(f"{where}: batch.stored is {stored!r}; expected key → stored dtype")
+    for name, dtype in stored.items():
+        if name not in keys or dtype not in STORED_DTYPE_NAMES:
+            raise ArtifactError(
+                f"{where}: batch.stored names {name!r} as {dtype!r}; expected batch keys stored "
+                f"as one of {sorted(STORED_DTYPE_NAMES)}"
+            )
     return {
-        rec["name"]: (rec["dtype"], tuple(rec["shape"]))
+        rec["name"]: (stored.get(rec["name"], rec["dtype"]), tuple(rec["shape"]))
         for rec in manifest["schema"]
         if rec["layer"] == "batch"
     }
+
+
+def _memory_dtypes(manifest: dict[str, Any], where: str) -> dict[str, torch.dtype]:
+    """name → the in-memory dtype the schema records for each batch key."""
+    dtypes = {}
+    for rec in manifest["schema"]:
+        if rec["layer"] == "batch":
+            dtype = getattr(torch, str(rec["dtype"]), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ArtifactError(f"{where}: schema dtype {rec['dtype']!r} is not a torch dtype")
+            dtypes[rec["name"]] = dtype
+    return dtypes
 
 
 def _load_tensors(store: Store, manifest: dict[str, Any], verify: Verify) -> TensorDict | None:
     info = manifest["batch"]
     if info is None:
         return None
-    name, expected = info["file"], _expected_tensors(manifest)
+    name, expected = info["file"], _expected_tensors(manifest, store.where(MANIFEST))
     try:
         if store.is_local:
             if verify == "full":
@@ -378,6 +426,7 @@ def _load_tensors(store: Store, manifest: dict[str, Any], verify: Verify) -> Ten
         raise
     except ValueError as err:
         raise ArtifactError(str(err)) from None
+    tensors = widen_tensors(tensors, _memory_dtypes(manifest, store.where(MANIFEST)))
     return TensorDict({key: tensors[key] for key in info["keys"]}, batch_size=[info["rows"]])
 
 
