@@ -87,6 +87,10 @@ def _manifest_lines(path: str, manifest: dict[str, Any]) -> list[str]:
         f"rows         {manifest['rows']}",
         f"bytes        {manifest['nbytes']} in {len(manifest['files'])} files",
     ]
+    stored = (manifest.get("batch") or {}).get("stored") or {}
+    if stored:  # integer tensors kept narrow on disk (dataproto/compact_dtypes.py)
+        shown = ", ".join(f"{name} {dtype}" for name, dtype in stored.items())
+        lines.append(f"on disk as   {shown} (loaded in the schema's dtypes)")
     if manifest.get("stage") is not None:
         version = manifest.get("stage_version")
         lines.append(

@@ -154,3 +154,15 @@ def test_a_manifest_with_a_bad_stored_entry_is_named(tmp_path, stored):
     rewrite_manifest(tmp_path / "a", lambda m: m["batch"].update(stored=stored))
     with pytest.raises(ArtifactError, match=r"manifest\.json: batch\.stored"):
         load_artifact(tmp_path / "a", verify="lazy")
+
+
+def test_inspect_shows_the_dtypes_on_disk(tmp_path):
+    from dataproto.report import describe_artifact
+
+    save_artifact(rollout_like(), tmp_path / "a")
+    text = describe_artifact(tmp_path / "a")
+    assert (
+        "on disk as   input_ids int32, attention_mask uint8, position_ids uint8 "
+        "(loaded in the schema's dtypes)"
+    ) in text
+    assert "on disk as" not in describe_artifact(save_artifact(rollout_like(), tmp_path / "w", narrow=False).path)  # fmt: skip
