@@ -12,7 +12,7 @@ PPOFLOW := $(VENV)/bin/ppoflow
 DEMO_DIR ?= outputs/demo
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install install-vllm demo test test-all test-slow test-vllm lint lint-docker bench-env
+.PHONY: install install-vllm demo test test-all test-slow test-vllm lint lint-docker bench-env bench-trl-env
 
 install: $(VENV)/.installed
 
@@ -73,6 +73,19 @@ lint-docker: install
 	$(PY) -m pytest -q tests/deploy
 
 # Baselines for bench/: verl 0.9.1 without its pins, plus what its imports need.
+# TRL for bench/vs_trl.py, in its own environment (never a ppoflow dependency), with the same
+# torch and transformers as ppoflow's
+BENCH_VENV ?= .venv-bench
+bench-trl-env: $(BENCH_VENV)/.installed
+
+$(BENCH_VENV)/.installed: install
+	python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --upgrade -q pip
+	$(BENCH_VENV)/bin/pip install torch==2.13.0
+	$(BENCH_VENV)/bin/pip install trl==1.16.0 pyarrow \
+		"transformers==$$($(PY) -c 'import transformers; print(transformers.__version__)')"
+	touch $@
+
 bench-env: install
 	$(PIP) install -c constraints.txt --no-deps verl==0.9.1
 	$(PIP) install -c constraints.txt ray codetiming omegaconf

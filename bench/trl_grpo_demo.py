@@ -1,0 +1,127 @@
+"""TRL's GRPOTrainer on ppoflow's demo work: the baseline side of bench/vs_trl.py.
+
+    .venv-bench/bin/python bench/trl_grpo_demo.py --model DIR --data FILE --steps N --out FILE
+
+Run in the bench environment (``make bench-trl-env``: TRL 1.16 and the same transformers and
+torch as ppoflow's environment); ppoflow is not imported, only the demo task's scorer
+(``stages/data/demo_task.py``, standard library only) is loaded from its file. The work matches
+``configs/demo-cpu.yaml`` as bench/vs_trl.py runs it: 64 prompts × 4 samples per step (256
+completions of at most 16 tokens, temperature 1), one optimizer step per generation round in
+16 micro-batches of 16 (gradient accumulation), AdamW at lr 3e-4 with verl's defaults
+(betas 0.9 / 0.999, weight decay 0.01, gradient clip 1.0, constant lr), no KL (β 0), group-std
+scaled advantages, token-mean loss (TRL's ``dapo``), clip ε 0.2, fp32, CPU.
+
+``--out`` receives one JSON line per optimizer step, ``{"step": k, "wall": time.time()}`` at
+its end, and a last line with the process's peak RSS (``ru_maxrss``, KiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import resource
+import time
+from pathlib import Path
+
+import torch
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def demo_scorer():
+    """The demo task's ``compute_score``, loaded from its file (no ppoflow package import)."""
+    spec = importlib.util.spec_from_file_location(
+        "demo_task", REPO / "stages" / "data" / "demo_task.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+DEMO = demo_scorer()
+
+
+def demo_reward(prompts, completions, reward_model, data_source, extra_info, **_):
+    """TRL reward function: the demo scorer's ``score`` for each completion."""
+    scores = []
+    for completion, truth, source, extra in zip(
+        completions, reward_model, data_source, extra_info, strict=True
+    ):
+        text = completion[0]["content"] if isinstance(completion, list) else completion
+        scores.append(DEMO.compute_score(source, text, truth["ground_truth"], extra)["score"])
+    return scores
+
+
+class StepTimes(TrainerCallback):
+    """Appends ``{"step": k, "wall": …}`` to ``path`` at the end of each optimizer step."""
+
+    def __init__(self, path: Path) -> None:
+        self.out = path.open("w")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        record = {"step": state.global_step, "wall": time.time()}
+        self.out.write(json.dumps(record) + "\n")
+        self.out.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--data", required=True, help="the demo train.parquet")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    dataset = load_dataset("parquet", data_files=args.data, split="train")
+    config = GRPOConfig(
+        output_dir=str(Path(args.out).parent / "trl-output"),
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=16,  # 256 completions per optimizer step
+        num_generations=4,
+        max_completion_length=16,
+        temperature=1.0,
+        num_iterations=1,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="dapo",  # token-mean over the accumulated batch, verl's token-mean
+        scale_rewards="group",
+        learning_rate=3e-4,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.01,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        max_steps=args.steps,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=args.seed,
+        dataloader_num_workers=0,
+    )
+    times = StepTimes(Path(args.out))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=demo_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[times],
+    )
+    trainer.train()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times.out.write(json.dumps({"peak_rss_kib": peak}) + "\n")
+    times.out.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""ppoflow's demo training vs TRL's GRPOTrainer on the same work, interleaved.
+
+    make bench-trl-env     # once: .venv-bench with TRL 1.16 (never a ppoflow dependency)
+    .venv/bin/python bench/vs_trl.py [--pairs 3] [--steps 12]
+
+The same work on both sides: the demo task's data and the tiny model written by ppoflow's own
+commands into a temp directory, 64 prompts × 4 samples per step, at most 16 response tokens,
+one optimizer step per generation round in micro-batches of 16, AdamW at lr 3e-4 (betas
+0.9 / 0.999, weight decay 0.01, gradient clip 1.0, constant lr), no KL, fp32, 2 torch threads,
+CPU. ppoflow runs ``ppoflow train configs/demo-cpu.yaml`` as a user would (MLflow and console
+logging, 2 reward workers, Prefect's temporary server), without validation or checkpoints; TRL
+runs bench/trl_grpo_demo.py in the bench environment. Each run is a fresh process; the sides
+alternate (ppoflow, TRL, ppoflow, TRL, …).
+
+Per run: steady s/step (the median gap between consecutive step ends from step 3 on: ppoflow's
+``step_<k>/journal.json`` written at the step's end, TRL's ``on_step_end``), spawn → first step
+end, last step end → exit, and the peak RSS of the largest process (GNU ``time``'s maximum
+resident set over the process and the children it waited for). Printed: the medians per side,
+the per-pair ratios ppoflow ÷ TRL (< 1: ppoflow faster), ppoflow's stage breakdown (its
+``timing_s/*`` metrics), and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PPOFLOW_PY = REPO / ".venv" / "bin" / "python"
+BENCH_PY = REPO / ".venv-bench" / "bin" / "python"
+STAGE_TIMERS = ("gen", "reward", "old_log_prob", "adv", "update_actor", "step")
+
+
+@dataclass
+class Run:
+    """One side's process: step end times (wall clock), spawn and exit times, peak RSS."""
+
+    spawned: float
+    exited: float
+    step_ends: list[float]
+    peak_rss_mib: float
+    timings: dict[str, float] = field(default_factory=dict)  # ppoflow: median timing_s/*
+
+    @property
+    def s_per_step(self) -> float:
+        gaps = [b - a for a, b in zip(self.step_ends[2:], self.step_ends[3:], strict=False)]
+        return statistics.median(gaps)
+
+    @property
+    def to_first_step(self) -> float:
+        return self.step_ends[0] - self.spawned
+
+    @property
+    def exit_after_last(self) -> float:
+        return self.exited - self.step_ends[-1]
+
+
+def timed(command: list[str], env: dict[str, str], log: Path) -> tuple[float, float, float]:
+    """(spawn wall time, exit wall time, peak RSS MiB) of ``command`` under GNU time."""
+    spawned = time.time()
+    with log.open("w") as out:
+        done = subprocess.run(
+            ["/usr/bin/time", "-v", *command], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    exited = time.time()
+    text = log.read_text()
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[:3]} exited {done.returncode}; see {log}:\n{text[-3000:]}")
+    peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1))
+    return spawned, exited, peak / 1024
+
+
+def run_ppoflow(work: Path, steps: int, index: int) -> Run:
+    run_dir = work / f"ppoflow-run-{index}"
+    overrides = [
+        f"data.train_files=[{work}/demo/data/train.parquet]",
+        f"data.val_files=[{work}/demo/data/val.parquet]",
+        f"actor_rollout_ref.model.path={work}/demo/model",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=-1",
+        f"trainer.default_local_dir={work}/checkpoints-{index}",
+        f"ppoflow.artifact_dir={work}/runs",
+        f"ppoflow.mlflow_tracking_uri=sqlite:///{work}/mlflow.db",
+    ]
+    command = [str(PPOFLOW_PY), "-m", "flows.cli", "train", "configs/demo-cpu.yaml", *overrides]
+    command += ["--run-dir", str(run_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PREFECT_HOME": str(work / "prefect-home")}
+    spawned, exited, peak = timed(command, env, work / f"ppoflow-{index}.log")
+    journals = [json.loads((run_dir / f"step_{k}" / "journal.json").read_text()) for k in range(1, steps + 1)]  # fmt: skip
+    ends = [(run_dir / f"step_{k}" / "journal.json").stat().st_mtime for k in range(1, steps + 1)]
+    timings = {
+        name: statistics.median(j["metrics"][f"timing_s/{name}"] for j in journals[2:])
+        for name in STAGE_TIMERS
+        if all(f"timing_s/{name}" in j["metrics"] for j in journals[2:])
+    }
+    return Run(spawned, exited, ends, peak, timings)
+
+
+def run_trl(work: Path, steps: int, index: int) -> Run:
+    out = work / f"trl-{index}.jsonl"
+    command = [
+        str(BENCH_PY),
+        str(REPO / "bench" / "trl_grpo_demo.py"),
+        "--model", str(work / "demo" / "model"),
+        "--data", str(work / "demo" / "data" / "train.parquet"),
+        "--steps", str(steps),
+        "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env["HF_HOME"] = str(work / "hf-home")
+    spawned, exited, peak = timed(command, env, work / f"trl-{index}.log")
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    ends = [r["wall"] for r in records if "step" in r]
+    return Run(spawned, exited, ends, peak)
+
+
+def describe(name: str, runs: list[Run]) -> str:
+    def med(values) -> float:
+        return statistics.median(values)
+
+    return (
+        f"  {name:<8} s/step {med(r.s_per_step for r in runs):6.3f}   spawn→first step "
+        f"{med(r.to_first_step for r in runs):5.1f} s   last step→exit "
+        f"{med(r.exit_after_last for r in runs):4.1f} s   peak RSS "
+        f"{med(r.peak_rss_mib for r in runs):6.0f} MiB"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=12)
+    args = parser.parse_args()
+    if not BENCH_PY.exists():
+        sys.exit(f"error: {BENCH_PY} does not exist; run `make bench-trl-env` first")
+    if args.steps < 5:
+        sys.exit("error: --steps must be at least 5 (steady s/step is measured from step 3)")
+    with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
+        work = Path(tmp)
+        for command in (["make-demo-data", f"{work}/demo/data"], ["make-tiny-model", f"{work}/demo/model"]):  # fmt: skip
+            subprocess.run([str(PPOFLOW_PY), "-m", "flows.cli", *command], check=True, cwd=REPO, capture_output=True)  # fmt: skip
+        ours: list[Run] = []
+        theirs: list[Run] = []
+        for index in range(args.pairs):
+            ours.append(run_ppoflow(work, args.steps, index))
+            theirs.append(run_trl(work, args.steps, index))
+            print(f"pair {index + 1}: ppoflow {ours[-1].s_per_step:.3f} s/step, TRL "
+                  f"{theirs[-1].s_per_step:.3f} s/step", flush=True)  # fmt: skip
+    print(f"\n{args.pairs} pairs × {args.steps} steps, load average {os.getloadavg()[0]:.2f}")
+    print(describe("ppoflow", ours))
+    print(describe("TRL", theirs))
+    for what, key in (("s/step", "s_per_step"), ("spawn→first step", "to_first_step")):
+        ratios = sorted(
+            getattr(a, key) / getattr(b, key) for a, b in zip(ours, theirs, strict=True)
+        )
+        print(f"  ratio ppoflow ÷ TRL, {what}: {statistics.median(ratios):.2f} "
+              f"(pairs {ratios[0]:.2f}–{ratios[-1]:.2f})")  # fmt: skip
+    breakdown = {
+        name: statistics.median(run.timings[name] for run in ours)
+        for name in STAGE_TIMERS
+        if all(name in run.timings for run in ours)
+    }
+    print("  ppoflow stages (median timing_s/*): " + ", ".join(f"{k} {v:.3f}" for k, v in breakdown.items()))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
