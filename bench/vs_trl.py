@@ -1,7 +1,7 @@
 """ppoflow's demo training vs TRL's GRPOTrainer on the same work, interleaved.
 
     make bench-trl-env     # once: .venv-bench with TRL 1.16 (never a ppoflow dependency)
-    .venv/bin/python bench/vs_trl.py [--pairs 3] [--steps 12]
+    .venv/bin/python bench/vs_trl.py [--pairs 3] [--steps 12] [--override KEY=VALUE …]
 
 The same work on both sides: the demo task's data and the tiny model written by ppoflow's own
 commands into a temp directory, 64 prompts × 4 samples per step, at most 16 response tokens,
@@ -79,7 +79,7 @@ def timed(command: list[str], env: dict[str, str], log: Path) -> tuple[float, fl
     return spawned, exited, peak / 1024
 
 
-def run_ppoflow(work: Path, steps: int, index: int) -> Run:
+def run_ppoflow(work: Path, steps: int, index: int, extra: list[str]) -> Run:
     run_dir = work / f"ppoflow-run-{index}"
     overrides = [
         f"data.train_files=[{work}/demo/data/train.parquet]",
@@ -92,6 +92,7 @@ def run_ppoflow(work: Path, steps: int, index: int) -> Run:
         f"trainer.default_local_dir={work}/checkpoints-{index}",
         f"ppoflow.artifact_dir={work}/runs",
         f"ppoflow.mlflow_tracking_uri=sqlite:///{work}/mlflow.db",
+        *extra,
     ]
     command = [str(PPOFLOW_PY), "-m", "flows.cli", "train", "configs/demo-cpu.yaml", *overrides]
     command += ["--run-dir", str(run_dir)]
@@ -141,6 +142,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra ppoflow override, e.g. algorithm.rollout_correction.bypass_mode=true",
+    )
     args = parser.parse_args()
     if not BENCH_PY.exists():
         sys.exit(f"error: {BENCH_PY} does not exist; run `make bench-trl-env` first")
@@ -153,11 +161,13 @@ def main() -> None:
         ours: list[Run] = []
         theirs: list[Run] = []
         for index in range(args.pairs):
-            ours.append(run_ppoflow(work, args.steps, index))
+            ours.append(run_ppoflow(work, args.steps, index, args.override))
             theirs.append(run_trl(work, args.steps, index))
             print(f"pair {index + 1}: ppoflow {ours[-1].s_per_step:.3f} s/step, TRL "
                   f"{theirs[-1].s_per_step:.3f} s/step", flush=True)  # fmt: skip
     print(f"\n{args.pairs} pairs × {args.steps} steps, load average {os.getloadavg()[0]:.2f}")
+    if args.override:
+        print(f"  ppoflow overrides: {' '.join(args.override)}")
     print(describe("ppoflow", ours))
     print(describe("TRL", theirs))
     for what, key in (("s/step", "s_per_step"), ("spawn→first step", "to_first_step")):
