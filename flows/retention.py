@@ -137,7 +137,7 @@ class Retention:
     policy: RetentionPolicy
     checkpoints: str
     candidates: set[int] = field(default_factory=set)
-    _warned: bool = False
+    _warned: set[str] = field(default_factory=set)  # what was warned about already
 
     @classmethod
     def open(cls, store: RunStore, cfg: Any) -> Retention:
@@ -152,19 +152,36 @@ class Retention:
     def after_step(self, step: int) -> list[int]:
         """The pass after step ``step`` finished (its journal ``done``, its checkpoint saved if
         one was due); returns the steps pruned. An unreadable branch note skips the pass with
-        one warning: a branch's artifacts are never guessed away."""
+        one warning: a branch's artifacts are never guessed away. A step that cannot be deleted
+        (an ``OSError``: permissions, a busy file system) is one warning and is tried again after
+        the next step; the training goes on."""
         if not self.policy.prunes:
             return []
         self.candidates.add(step)
         try:
             protected = protected_steps(self.store, self.checkpoints)
         except ValueError as err:
-            if not self._warned:
-                log.warning("artifact retention paused: %s", err)
-                self._warned = True
+            self._warn_once("paused", "artifact retention paused: %s", err)
             return []
         doomed = sorted(self.candidates - kept_steps(self.candidates, step, self.policy, protected))
+        pruned = []
         for old in doomed:
-            prune_step(self.store, old, self.policy)
+            try:
+                prune_step(self.store, old, self.policy)
+            except OSError as err:
+                self._warn_once(
+                    f"step {old}",
+                    "artifact retention could not prune step %d (%s); it tries again after the "
+                    "next step",
+                    old,
+                    err,
+                )
+                continue
             self.candidates.discard(old)
-        return doomed
+            pruned.append(old)
+        return pruned
+
+    def _warn_once(self, topic: str, message: str, *args: object) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            log.warning(message, *args)

@@ -224,3 +224,28 @@ def test_a_training_keeps_what_retention_says_and_reruns_a_kept_step(
         rerun(store.root, 2, "advantage", new_run_dir=str(tmp_path / "branch2"))
     branch = rerun(store.root, 3, "advantage", new_run_dir=str(tmp_path / "branch3"))
     assert store.branches() == {branch.run_dir: 3}
+
+
+def test_a_step_that_cannot_be_deleted_is_one_warning_and_tried_again(run, tmp_path, monkeypatch, caplog):  # fmt: skip
+    cfg = load_config(
+        REPO / "configs" / "demo-cpu.yaml",
+        ["ppoflow.artifacts.keep_last=1", f"trainer.default_local_dir={tmp_path}/ckpt"],
+    )
+    retention = Retention.open(run, cfg)
+    real = RunStore.remove_step_artifacts
+
+    def refused(store, step):
+        if step == 3:
+            raise PermissionError(13, "Permission denied", f"{store.root}/step_3/input")
+        return real(store, step)
+
+    monkeypatch.setattr(RunStore, "remove_step_artifacts", refused)
+    with caplog.at_level(logging.WARNING, logger="flows.retention"):
+        assert retention.after_step(5) == [2, 4]  # 1 is step one; 3 refused
+        assert retention.after_step(5) == []
+    warnings = [r.getMessage() for r in caplog.records if r.name == "flows.retention"]
+    assert (
+        len(warnings) == 1 and "could not prune step 3 ([Errno 13] Permission denied" in warnings[0]
+    )
+    monkeypatch.undo()
+    assert retention.after_step(5) == [3]  # tried again once it can be deleted
