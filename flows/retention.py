@@ -56,6 +56,18 @@ class RetentionPolicy:
         artifacts = cfg.ppoflow.artifacts
         return cls(artifacts.keep_last, artifacts.keep_every)
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> RetentionPolicy:
+        """The policy a journal's ``pruned`` field records (:meth:`settings`); a value that is
+        not such a mapping (a hand-edited journal) reads as unknown settings, both null.
+
+        >>> RetentionPolicy.from_settings({"keep_last": 2, "keep_every": None}).keep_last
+        2
+        """
+        if not isinstance(settings, dict):
+            return cls()
+        return cls(settings.get("keep_last"), settings.get("keep_every"))
+
     @property
     def prunes(self) -> bool:
         """False when both settings are null: every step keeps its artifacts."""
@@ -119,7 +131,7 @@ def prune_step(store: RunStore, step: int, policy: RetentionPolicy) -> list[str]
 
 def pruned_error(journal: StepJournal, root: str) -> ValueError:
     """The error for reading a pruned step's artifacts."""
-    settings = RetentionPolicy(**(journal.pruned or {}))
+    settings = RetentionPolicy.from_settings(journal.pruned)
     return ValueError(
         f"step {journal.step} of {root} has no artifacts: retention pruned them "
         f"({settings.describe()}); re-run or inspect a step that keeps its artifacts (ppoflow "

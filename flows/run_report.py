@@ -305,7 +305,7 @@ def _run_header(store: RunStore, journals: Sequence[StepJournal]) -> list[str]:
         kept = format_steps([journal.step for journal in journals if journal.pruned is None])
         lines.append(
             f"artifacts    kept for steps {kept}; {len(pruned)} steps pruned by "
-            f"{RetentionPolicy(**pruned[-1].pruned).describe()}"
+            f"{RetentionPolicy.from_settings(pruned[-1].pruned).describe()}"
         )
     return lines
 
