@@ -118,6 +118,7 @@ def _fill_critic(cfg: PPORunConfig, actor: ActorConfig, dp_size: int) -> CriticC
         enable_gradient_checkpointing=model.enable_gradient_checkpointing,
         dtype=model.dtype,
         attn_implementation=model.attn_implementation,
+        use_remove_padding=model.use_remove_padding,
     )
     mini = critic.ppo_mini_batch_size or actor.ppo_mini_batch_size
     mode = critic.loss_agg_mode or actor.loss_agg_mode

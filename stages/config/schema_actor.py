@@ -41,6 +41,10 @@ class ModelConfig(ConfigModel):
         "sdpa",
         description="Attention kernel passed to transformers [ppoflow: verl defaults to flash_attention_2] (choice)",
     )
+    use_remove_padding: bool = Field(
+        True,
+        description="Packed forwards: the actor's and reference's log-prob and training forwards run on the rows' real tokens back to back; false runs them on the columns some row needs (bool)",
+    )
 
 
 class OptimConfig(ConfigModel):

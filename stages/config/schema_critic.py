@@ -33,6 +33,10 @@ class CriticModelConfig(ConfigModel):
     attn_implementation: AttnImplementation | None = Field(
         None, description="Attention kernel; null = actor_rollout_ref.model's (choice)"
     )
+    use_remove_padding: bool | None = Field(
+        None,
+        description="Packed value and training forwards; null = actor_rollout_ref.model's (bool)",
+    )
 
 
 class CriticOptimConfig(OptimConfig):

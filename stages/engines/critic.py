@@ -26,7 +26,8 @@ from stages.algos.policy_loss_config import read_settings
 from stages.algos.value_loss import compute_value_loss
 from stages.engines.actor import PPOUpdateSettings, optimizer_step, record_step
 from stages.engines.batching import MicroBatching, global_batch_info, mini_batch_indices
-from stages.engines.trimming import pad_response_columns, real_span
+from stages.engines.response_hidden import response_hidden_states
+from stages.engines.trimming import pad_response_columns
 from stages.metrics.metric import Metric
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class ValueModel(nn.Module):
     not depend on train/eval mode; only the R response-aligned hidden states go through the head.
     """
 
-    def __init__(self, backbone: nn.Module) -> None:
+    def __init__(self, backbone: nn.Module, layout: str = "trimmed") -> None:
         super().__init__()
         num_labels = getattr(getattr(backbone, "config", None), "num_labels", None)
         if num_labels != 1:
@@ -116,30 +117,26 @@ class ValueModel(nn.Module):
             )
         value_head(backbone)  # fail early on a model without a head
         self.backbone = backbone
+        self.layout = layout
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, response_length: int
     ) -> Tensor:
         """(B, T) inputs → (B, R) float32 values V(s_t) for the R response positions; the forward
-        runs on the columns some row needs (``stages.engines.trimming``), and response columns
-        that are padding in every row get 0."""
-        total = input_ids.shape[1]
-        if not 0 < response_length < total:
-            raise ValueError(
-                f"response_length must be in 1..{total - 1} for sequences of {total} tokens, "
-                f"got {response_length}"
-            )
-        start, stop = real_span(attention_mask, response_length)  # the columns some row needs
-        hidden = self.backbone.base_model(
-            input_ids=input_ids[:, start:stop],
-            attention_mask=attention_mask[:, start:stop],
-            position_ids=position_ids[..., start:stop],
-            use_cache=False,
-        ).last_hidden_state  # (B, T', H)
-        kept = stop - (total - response_length)  # R' response columns
-        hidden = hidden[:, -kept - 1 : -1]  # (B, R', H)
+        runs in ``layout`` (``stages.engines.response_hidden``), and response columns it did not
+        compute (padding in every row; packed: after a row's last real token) get 0."""
+        hidden, real = response_hidden_states(
+            self.backbone.base_model,
+            input_ids,
+            attention_mask,
+            position_ids,
+            response_length,
+            self.layout,
+        )  # (B, R', H)
         values = value_head(self.backbone)(hidden).squeeze(-1).float()  # (B, R')
-        return pad_response_columns(values, response_length)  # (B, R), 0 where all rows pad
+        if real is not None:
+            values = values.where(real, 0.0)
+        return pad_response_columns(values, response_length)  # (B, R)
 
 
 def require_keys(tensors: TensorDict, needed: Iterable[str], where: str) -> None:

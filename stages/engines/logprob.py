@@ -15,7 +15,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from stages.engines.trimming import pad_response_columns, real_span
+from stages.engines.response_hidden import response_hidden_states
+from stages.engines.trimming import pad_response_columns
 
 #: response positions per vocabulary-projection chunk (chunk logits are chunk·B·V floats)
 DEFAULT_CHUNK_TOKENS = 256
@@ -74,7 +75,7 @@ def response_logprobs(
     temperature: float = 1.0,
     calculate_entropy: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    trim: bool = True,
+    layout: str = "trimmed",
 ) -> tuple[Tensor, Tensor | None]:
     """log π(response token | prefix) / temperature-scaled, for each response position.
 
@@ -82,51 +83,26 @@ def response_logprobs(
         model: a Hugging Face causal LM (``get_decoder()`` and ``get_output_embeddings()``).
         input_ids, attention_mask, position_ids: (B, T), prompt left-padded, response right-padded.
         response_length: R, the width of the response part (the last R columns).
-        trim: run the forward only on the columns some row needs
-            (``stages.engines.trimming.real_span``); False runs it on every column as given.
+        layout: how the decoder forward sees the batch, an entry of
+            ``stages.engines.response_hidden.FORWARD_LAYOUTS`` (``full``, ``trimmed``: the columns
+            some row needs, ``packed``: the rows' real tokens back to back).
 
     Returns:
-        ((B, R) float32 log-probs, (B, R) float32 entropy or None). With ``trim``, response
-        columns that are padding in every row get 0; the others are computed like any other
-        position, and callers mask response padding with ``response_mask``.
+        ((B, R) float32 log-probs, (B, R) float32 entropy or None). Response columns the layout
+        did not compute (padding in every row; packed: after a row's last real token) get 0; the
+        others are computed like any other position, and callers mask response padding with
+        ``response_mask``.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute log-probs, got {temperature}")
-    total = input_ids.shape[1]
-    if not 0 < response_length < total:
-        raise ValueError(
-            f"response_length must be in 1..{total - 1} for sequences of {total} tokens, got {response_length}"
-        )
-    if trim:
-        start, stop = real_span(attention_mask, response_length)
-        logprobs, entropy = response_logprobs(
-            model,
-            input_ids[:, start:stop],
-            attention_mask[:, start:stop],
-            position_ids[..., start:stop],
-            stop - (total - response_length),
-            temperature=temperature,
-            calculate_entropy=calculate_entropy,
-            chunk_tokens=chunk_tokens,
-            trim=False,
-        )
-        return (
-            pad_response_columns(logprobs, response_length),
-            pad_response_columns(entropy, response_length),
-        )
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
-    hidden = decoder(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-    ).last_hidden_state  # (B, T, H)
-    hidden = hidden[
-        :, total - response_length - 1 : total - 1
-    ]  # (B, R, H): predicts each response token
-    labels = input_ids[:, total - response_length :]  # (B, R)
+    hidden, real = response_hidden_states(
+        decoder, input_ids, attention_mask, position_ids, response_length, layout
+    )  # (B, R', H)
+    prompt_length = input_ids.shape[1] - response_length
+    labels = input_ids[:, prompt_length : prompt_length + hidden.shape[1]]  # (B, R')
     pieces = []
-    for start in range(0, response_length, chunk_tokens):
+    for start in range(0, hidden.shape[1], chunk_tokens):
         args = (hidden[:, start : start + chunk_tokens], labels[:, start : start + chunk_tokens])
         if (
             torch.is_grad_enabled()
@@ -139,9 +115,19 @@ def response_logprobs(
         else:
             piece = _project_chunk(*args, lm_head, temperature, calculate_entropy)
         pieces.append(piece)
-    logprobs = torch.cat([p[0] for p in pieces], dim=1)
-    entropy = torch.cat([p[1] for p in pieces], dim=1) if calculate_entropy else None
-    return logprobs, entropy
+    logprobs = _real_only(torch.cat([p[0] for p in pieces], dim=1), real)
+    entropy = (
+        _real_only(torch.cat([p[1] for p in pieces], dim=1), real) if calculate_entropy else None
+    )
+    return (
+        pad_response_columns(logprobs, response_length),
+        pad_response_columns(entropy, response_length),
+    )
+
+
+def _real_only(values: Tensor, real: Tensor | None) -> Tensor:
+    """(B, R') values with 0 where ``real`` is False (no mask: all kept)."""
+    return values if real is None else values.where(real, 0.0)
 
 
 class ResponseLogProbModel(nn.Module):
@@ -149,12 +135,15 @@ class ResponseLogProbModel(nn.Module):
 
     DeepSpeed engines wrap this module, so every forward pass goes through ``engine(...)`` — ZeRO-3
     gathers and releases parameters around the engine's own forward. ``lm`` is the plain Hugging
-    Face model (generation, export).
+    Face model (generation, export); ``layout`` is how its forwards see a batch
+    (``stages.engines.response_hidden.FORWARD_LAYOUTS``: ``packed`` under the role's
+    ``use_remove_padding``, else ``trimmed``).
     """
 
-    def __init__(self, lm: nn.Module) -> None:
+    def __init__(self, lm: nn.Module, layout: str = "trimmed") -> None:
         super().__init__()
         self.lm = lm
+        self.layout = layout
 
     def forward(
         self,
@@ -173,4 +162,5 @@ class ResponseLogProbModel(nn.Module):
             response_length,
             temperature=temperature,
             calculate_entropy=calculate_entropy,
+            layout=self.layout,
         )

@@ -24,6 +24,7 @@ from stages.engines.critic import ValueModel, compute_values, update_critic
 from stages.engines.deepspeed_setup import EngineSettings, initialize_engine, step_lr_schedule
 from stages.engines.logprob import ResponseLogProbModel
 from stages.engines.models import load_causal_lm, load_value_model
+from stages.engines.response_hidden import forward_layout
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 from stages.engines.rollout_hf import SamplingSettings
 
@@ -174,7 +175,9 @@ class ActorWorker(_CheckpointMixin):
         )
         self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path)
         settings = engine_settings(actor, actor.optim, model_cfg.dtype, total_training_steps)
-        self.engine = initialize_engine(ResponseLogProbModel(lm), settings)
+        self.engine = initialize_engine(
+            ResponseLogProbModel(lm, forward_layout(model_cfg.use_remove_padding)), settings
+        )
         self.update_settings = PPOUpdateSettings(
             mini_batch_size=config.derived.actor_mini_batch_size_per_rank,
             epochs=actor.ppo_epochs,
@@ -318,7 +321,7 @@ class RefWorker:
         )
         self.config = config
         self.model = initialize_engine(
-            ResponseLogProbModel(lm),
+            ResponseLogProbModel(lm, forward_layout(model_cfg.use_remove_padding)),
             reference_settings(ref, model_cfg.dtype),
             trainable=False,
         )
@@ -352,7 +355,9 @@ class CriticWorker(_CheckpointMixin):
             trust_remote_code=critic.model.trust_remote_code,
         )
         settings = engine_settings(critic, critic.optim, critic.model.dtype, total_training_steps)
-        self.engine = initialize_engine(ValueModel(backbone), settings)
+        self.engine = initialize_engine(
+            ValueModel(backbone, forward_layout(critic.model.use_remove_padding)), settings
+        )
         self.micro = MicroBatching(
             critic.ppo_micro_batch_size_per_gpu,
             critic.use_dynamic_bsz,

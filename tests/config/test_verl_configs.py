@@ -120,9 +120,11 @@ def test_a_verl_style_trainer_yaml_loads(tmp_path, monkeypatch):
         "actor_rollout_ref.actor.param_offload = True" in n
         for n in notices
     )
-    # use_remove_padding / hybrid_engine hold verl's defaults: counted in one line, not one each
-    assert not any("use_remove_padding" in n for n in notices)
-    assert notices[-1].startswith("6 more verl keys hold verl 0.9.1's defaults")
+    # use_remove_padding is a ppoflow key (packed forwards); hybrid_engine holds verl's default:
+    # counted in one line, not one each
+    assert arr.model.use_remove_padding is True and cfg.critic.model.use_remove_padding is True
+    assert not any("use_remove_padding" in n or "hybrid_engine" in n for n in notices[:-1])
+    assert notices[-1].startswith("5 more verl keys hold verl 0.9.1's defaults")
 
 
 def test_interpolation_of_a_key_set_only_on_the_command_line(tmp_path):
@@ -343,7 +345,10 @@ def test_verl_quick_start_scripts_validate(script, tmp_path):
         cfg.actor_rollout_ref.model.path
         == f"{tmp_path}/models/" + Path(cfg.actor_rollout_ref.model.path).name
     )
-    assert any("use_remove_padding" in n for n in notices)
+    assert cfg.actor_rollout_ref.model.use_remove_padding is True  # a ppoflow key: packed forwards
+    packed_critic = "critic.model.use_remove_padding=False" not in script  # the PPO script's
+    assert cfg.critic.model.use_remove_padding is packed_critic
+    assert not any("use_remove_padding" in n for n in notices)
     assert any("fsdp_config.param_offload is read as" in n for n in notices)
 
 

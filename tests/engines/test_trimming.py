@@ -36,12 +36,12 @@ def test_log_probs_entropy_and_gradients_equal_the_full_width(tiny_model_dir, ma
     real = t["response_mask"].bool()
     args = (t["input_ids"], t["attention_mask"], t["position_ids"], R)
     results = []
-    for trim in (True, False):
+    for layout in ("trimmed", "full"):
         torch.manual_seed(0)
         model = load_causal_lm(tiny_model_dir)
         widths = forward_widths(model)
         logprobs, entropy = response_logprobs(
-            model, *args, temperature=0.7, calculate_entropy=True, trim=trim
+            model, *args, temperature=0.7, calculate_entropy=True, layout=layout
         )
         (logprobs * real).sum().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
