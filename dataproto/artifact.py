@@ -9,7 +9,10 @@ Layout of an artifact directory (a local path or any fsspec URL such as ``memory
     tensors.safetensors      the batch layer (absent when batch is None); memory-mapped on read;
                              integer tensors in the narrowest lossless dtype (uint8 … int32,
                              dataproto/compact_dtypes.py: masks 1 byte a cell instead of 8),
-                             listed in the manifest's ``batch.stored`` and cast back on read
+                             listed in the manifest's ``batch.stored`` and cast back on read;
+                             a padded 2-D tensor stored trimmed, each row from its first to its
+                             last entry that is not the padding value (dataproto/trimmed_rows.py,
+                             listed in ``batch.trimmed``), and padded again on read
     non_tensor_000.npy       a numeric / bool / fixed-width-string numpy array (no pickle)
     non_tensor_001.json      an object array, type-preserving JSON (dataproto/nontensor_codec.py)
     meta_info.json           meta_info, same JSON codec (numpy scalars become Python scalars)
@@ -34,9 +37,10 @@ in O(metadata) time; a flipped byte inside tensor data is then found only by
 :func:`verify_artifact` or a full load. Every problem raises :class:`ArtifactError` naming the
 file.
 
-Format version 3 (this one) stores integer tensors narrow; version 2 artifacts (every tensor in
-its in-memory dtype) still load. A narrowed tensor is cast back to its in-memory dtype on load,
-which reads its bytes; float and bool tensors stay unread views until touched.
+Format version 4 (this one) stores padded rows trimmed and integer tensors narrow; versions 3
+(narrow, not trimmed) and 2 (every tensor in its in-memory dtype) still load. A narrowed or
+trimmed tensor is rebuilt in its in-memory dtype and shape on load, which reads its bytes; the
+other tensors stay unread views until touched.
 
 Loaded tensors are private (copy-on-write) views of the file: changing them never changes the
 artifact, and replacing the artifact (``overwrite=True`` renames, never rewrites in place) leaves
@@ -77,11 +81,12 @@ from dataproto.tensor_file import (
     plain_tensor,
     write_tensor_file,
 )
+from dataproto.trimmed_rows import SPANS_SUFFIX, restore_rows, trim_tensors
 
 FORMAT_NAME = "ppoflow-dataproto"
-FORMAT_VERSION = 3  # 3: integer tensors stored narrow (dataproto/compact_dtypes.py)
-#: the versions this ppoflow reads: 2 (per-file digests, tensors in their in-memory dtypes) and 3
-READABLE_VERSIONS = (2, 3)
+FORMAT_VERSION = 4  # 4: padded rows trimmed (dataproto/trimmed_rows.py); 3: integers narrow
+#: the versions this ppoflow reads: 2 (per-file digests, tensors in their in-memory dtypes), 3, 4
+READABLE_VERSIONS = (2, 3, 4)
 TENSOR_FILE = "tensors.safetensors"
 META_FILE = "meta_info.json"
 
@@ -180,6 +185,7 @@ def save_artifact(
     overwrite: bool = False,
     digest: Digest = DEFAULT_DIGEST,
     narrow: bool = True,
+    trim: bool = True,
 ) -> ArtifactRef:
     """Write ``data`` (a DataProto) as an artifact directory at ``path`` (local or fsspec URL).
 
@@ -194,6 +200,8 @@ def save_artifact(
         narrow: store integer tensors in their narrowest lossless dtype
             (dataproto/compact_dtypes.py); False writes every tensor in its in-memory dtype
             (as format version 2 did), which keeps a lazy load from reading integer tensors.
+        trim: store padded 2-D tensors trimmed (dataproto/trimmed_rows.py); False stores every
+            tensor dense (as format version 3 did).
 
     Returns:
         An :class:`ArtifactRef` (path, fingerprint, rows, nbytes); a plain local path is made
@@ -201,7 +209,10 @@ def save_artifact(
     """
     store = Store(os.fspath(path))
     check_digest_name(digest)
-    tensors, narrowed = _prepare_tensors(data), {}
+    tensors, narrowed, trimmed = _prepare_tensors(data), {}, {}
+    keys = None if tensors is None else list(tensors)
+    if tensors is not None and trim:
+        tensors, trimmed = trim_tensors(tensors)
     if tensors is not None and narrow:
         tensors, narrowed = narrow_tensors(tensors)
     non_tensor = _encode_non_tensor(data)
@@ -218,8 +229,9 @@ def save_artifact(
         else {
             "file": TENSOR_FILE,
             "rows": int(data.batch.batch_size[0]),
-            "keys": list(tensors),
+            "keys": keys,
             "stored": {name: torch_dtype_name(dtype) for name, dtype in narrowed.items()},
+            "trimmed": trimmed,
         },
         "non_tensor": [{"key": key, "file": name} for key, name, _ in non_tensor],
         "meta_file": META_FILE,
@@ -379,22 +391,56 @@ def _read_checked(store: Store, name: str, manifest: dict[str, Any]) -> bytes:
 def _expected_tensors(
     manifest: dict[str, Any], where: str = MANIFEST
 ) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """name → (dtype in the file, shape): the schema's, with the narrowed keys' stored dtype."""
-    stored = (manifest["batch"] or {}).get("stored") or {}
-    keys = set((manifest["batch"] or {}).get("keys") or ())
+    """file tensor name → (dtype in the file, shape): the schema's, with the narrowed entries'
+    stored dtype; a trimmed key is its values (count,) and its spans (rows, 2)."""
+    batch = manifest["batch"] or {}
+    stored, trimmed = batch.get("stored") or {}, _trimmed_keys(manifest, where)
+    keys = set(batch.get("keys") or ())
     if not isinstance(stored, dict):
         raise ArtifactError(f"{where}: batch.stored is {stored!r}; expected key → stored dtype")
+    entries = keys | {name + SPANS_SUFFIX for name in trimmed}
     for name, dtype in stored.items():
-        if name not in keys or dtype not in STORED_DTYPE_NAMES:
+        if name not in entries or dtype not in STORED_DTYPE_NAMES:
             raise ArtifactError(
                 f"{where}: batch.stored names {name!r} as {dtype!r}; expected batch keys stored "
                 f"as one of {sorted(STORED_DTYPE_NAMES)}"
             )
-    return {
-        rec["name"]: (stored.get(rec["name"], rec["dtype"]), tuple(rec["shape"]))
-        for rec in manifest["schema"]
-        if rec["layer"] == "batch"
-    }
+    expected = {}
+    for rec in manifest["schema"]:
+        if rec["layer"] != "batch":
+            continue
+        name, shape = rec["name"], tuple(rec["shape"])
+        expected[name] = (stored.get(name, rec["dtype"]), shape)
+        if name in trimmed:
+            spans = name + SPANS_SUFFIX
+            expected[name] = (stored.get(name, rec["dtype"]), (trimmed[name]["count"],))
+            expected[spans] = (stored.get(spans, "int64"), (shape[0], 2))
+    return expected
+
+
+def _trimmed_keys(manifest: dict[str, Any], where: str) -> dict[str, dict[str, int]]:
+    """The manifest's ``batch.trimmed`` (absent before format 4), checked: 2-D batch keys, each
+    with an integer fill and a count within its rows × columns."""
+    trimmed = (manifest["batch"] or {}).get("trimmed") or {}
+    shapes = {rec["name"]: rec["shape"] for rec in manifest["schema"] if rec["layer"] == "batch"}
+    if not isinstance(trimmed, dict):
+        raise ArtifactError(f"{where}: batch.trimmed is {trimmed!r}; expected key → fill, count")
+    for name, info in trimmed.items():
+        shape = shapes.get(name)
+        ok = (
+            isinstance(shape, list)
+            and len(shape) == 2
+            and isinstance(info, dict)
+            and type(info.get("fill")) is int
+            and type(info.get("count")) is int
+            and 0 <= info["count"] <= shape[0] * shape[1]
+        )
+        if not ok:
+            raise ArtifactError(
+                f"{where}: batch.trimmed[{name!r}] is {info!r}; expected a 2-D batch key with "
+                "an integer fill and a count of at most rows × columns"
+            )
+    return trimmed
 
 
 def _memory_dtypes(manifest: dict[str, Any], where: str) -> dict[str, torch.dtype]:
@@ -426,7 +472,21 @@ def _load_tensors(store: Store, manifest: dict[str, Any], verify: Verify) -> Ten
         raise
     except ValueError as err:
         raise ArtifactError(str(err)) from None
-    tensors = widen_tensors(tensors, _memory_dtypes(manifest, store.where(MANIFEST)))
+    where = store.where(MANIFEST)
+    trimmed = _trimmed_keys(manifest, where)
+    dtypes = _memory_dtypes(manifest, where)
+    dtypes.update({name + SPANS_SUFFIX: torch.int64 for name in trimmed})
+    tensors = widen_tensors(tensors, dtypes)
+    shapes = {
+        rec["name"]: tuple(rec["shape"]) for rec in manifest["schema"] if rec["layer"] == "batch"
+    }
+    for name, trim in trimmed.items():
+        try:
+            tensors[name] = restore_rows(
+                tensors[name], tensors.pop(name + SPANS_SUFFIX), trim["fill"], shapes[name]
+            )
+        except ValueError as err:
+            raise ArtifactError(f"{store.where(info['file'])}: {name!r}: {err}") from None
     return TensorDict({key: tensors[key] for key in info["keys"]}, batch_size=[info["rows"]])
 
 

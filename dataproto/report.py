@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from dataproto.artifact import Verify, load_artifact, read_manifest
 from dataproto.keys import ATTENTION_MASK, RESPONSE_MASK, RESPONSES
 from dataproto.ledger import ledger_from_batch
 from dataproto.schema import format_schema, schema_from_json
+from dataproto.trimmed_rows import SPANS_SUFFIX
 
 EXAMPLES = 3
 SHORT = 60
@@ -87,10 +89,19 @@ def _manifest_lines(path: str, manifest: dict[str, Any]) -> list[str]:
         f"rows         {manifest['rows']}",
         f"bytes        {manifest['nbytes']} in {len(manifest['files'])} files",
     ]
-    stored = (manifest.get("batch") or {}).get("stored") or {}
+    batch = manifest.get("batch") or {}
+    stored = {k: v for k, v in (batch.get("stored") or {}).items() if not k.endswith(SPANS_SUFFIX)}
     if stored:  # integer tensors kept narrow on disk (dataproto/compact_dtypes.py)
         shown = ", ".join(f"{name} {dtype}" for name, dtype in stored.items())
         lines.append(f"on disk as   {shown} (loaded in the schema's dtypes)")
+    trimmed = batch.get("trimmed") or {}
+    if trimmed:  # padding left off on disk (dataproto/trimmed_rows.py)
+        shapes = {r["name"]: r["shape"] for r in manifest["schema"] if r["layer"] == "batch"}
+        shown = ", ".join(
+            f"{name} {info['count']}/{shapes[name][0] * shapes[name][1]}"
+            for name, info in trimmed.items()
+        )
+        lines.append(f"padding off  {shown} cells kept (padded again on load)")
     if manifest.get("stage") is not None:
         version = manifest.get("stage_version")
         lines.append(
@@ -123,15 +134,28 @@ def _has_ledger_keys(data: Any) -> bool:
     return RESPONSES in names and bool(names & {ATTENTION_MASK, RESPONSE_MASK})
 
 
-def describe_artifact(path: str | os.PathLike, *, verify: Verify = "full") -> str:
-    """The text ``ppoflow inspect`` prints for the artifact at ``path`` (module docstring).
+#: ``complete(data, manifest) -> (data, note)``: the loaded artifact with keys its stage left out
+#: rebuilt (``note`` says which and from what; None when nothing was left out)
+Completion = Callable[[Any, dict[str, Any]], tuple[Any, str | None]]
+
+
+def describe_artifact(
+    path: str | os.PathLike, *, verify: Verify = "full", complete: Completion | None = None
+) -> str:
+    """The text ``ppoflow inspect`` prints for the artifact at ``path`` (module docstring);
+    ``complete`` rebuilds what the artifact's stage left out (derived keys), shown with the rest.
 
     Raises:
         ArtifactError: when the artifact fails verification (``verify`` as in load_artifact).
     """
     manifest = read_manifest(path)
     data = load_artifact(path, verify=verify)
+    note = None
+    if complete is not None:
+        data, note = complete(data, manifest)
     lines = _manifest_lines(os.fspath(path), manifest)
+    if note is not None:
+        lines.append(f"derived      {note}")
     lines += ["", "schema", format_schema(schema_from_json(manifest["schema"]))]
     lines += _layer_lines(data)
     if _has_ledger_keys(data):

@@ -114,7 +114,7 @@ def _first_fit(lengths: list[int], width: int) -> list[tuple[int, int]]:
     ``width`` slots (every length ≤ width).
 
     >>> _first_fit([3, 1, 2, 2], 4)
-    [(0, 0), (1, 2), (1, 0), (0, 3)]
+    [(0, 0), (0, 3), (1, 0), (1, 2)]
     """
     placement = [(0, 0)] * len(lengths)
     fill: list[int] = []

@@ -32,7 +32,7 @@ CASES = [
      f"{REWARD}/manifest.json",
      lambda path: path.write_text('{"format": "ppoflow-dataproto", "format_version": 99}'),
      ["inspect", "{art}"], 1,
-     ["{art}/manifest.json: format version 99; this ppoflow reads versions 2-3 (re-create "
+     ["{art}/manifest.json: format version 99; this ppoflow reads versions 2-4 (re-create "
       "the artifact with this version)"]),
     ("missing-listed-file", "`inspect ART`, a file the manifest lists is gone",
      f"{REWARD}/non_tensor_001.json", "delete", ["inspect", "{art}"], 1,

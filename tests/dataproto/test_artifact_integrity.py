@@ -167,7 +167,8 @@ def _mapped_files(ptr: int) -> set[str]:
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
 def test_lazy_load_maps_tensors_without_hashing_or_reading(tmp_path, monkeypatch):
     rows, width = 64, 32768  # 8 MiB of float32
-    td = TensorDict({"values": torch.ones(rows, width)}, batch_size=[rows])
+    values = torch.arange(1, rows * width + 1, dtype=torch.float32).view(rows, width)
+    td = TensorDict({"values": values}, batch_size=[rows])  # no padding: stored dense
     save_artifact(DataProto(batch=td), tmp_path / "big")
     tensor_file = str(tmp_path / "big" / "tensors.safetensors")
 

@@ -85,7 +85,7 @@ def test_a_load_returns_exactly_what_was_saved(tmp_path, verify):
 def test_the_file_holds_the_narrow_dtypes_and_the_manifest_names_them(tmp_path):
     ref = save_artifact(rollout_like(), tmp_path / "a")
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
-    assert manifest["format_version"] == 3
+    assert manifest["format_version"] == 4 and manifest["batch"]["trimmed"] == {}  # no padding
     assert manifest["batch"]["stored"] == {
         "input_ids": "int32",
         "attention_mask": "uint8",
