@@ -15,6 +15,7 @@ from dataproto.ledger import ledger_from_params
 from dataproto.report import describe_artifact
 from dataproto.sample_batch import make_sample_batch
 from flows import run_report
+from flows.derived_keys import from_step_input
 from flows.run_report import RunReportError
 from flows.run_store import RunStore
 
@@ -79,7 +80,10 @@ def inspect(
 def inspect_artifact(path: str, verify: VerifyMode) -> None:
     """Print an artifact's manifest, schema, per-key statistics and token ledger."""
     try:
-        typer.echo(describe_artifact(path, verify=verify.value))
+        from stages.ppo import PPO_STAGES
+
+        complete = from_step_input(path, verify.value, PPO_STAGES)  # the rollout's derived keys
+        typer.echo(describe_artifact(path, verify=verify.value, complete=complete))
     except ArtifactError as err:
         raise _fail(str(err)) from None
 

@@ -39,6 +39,7 @@ from dataproto.artifact import Verify
 from dataproto.artifact_store import MANIFEST
 from dataproto.report import describe_artifact
 from flows.cache_keys import jsonable
+from flows.derived_keys import from_step_input
 from flows.retention import RetentionPolicy, pruned_error
 from flows.run_store import CONFIG_FILE, RERUN_FILE, RunStore, StageRecord, StepJournal
 
@@ -444,4 +445,9 @@ def stage_text(store: RunStore, step: int, stage: str, *, verify: Verify = "full
         return "\n".join([*lines, "", f"no artifact: the stage was {record.status}"])
     if journal.pruned is not None:
         raise RunReportError(str(pruned_error(journal, store.root)))
-    return "\n".join([*lines, "", describe_artifact(record.artifact, verify=verify)])
+    from stages.ppo import PPO_STAGES
+
+    complete = from_step_input(record.artifact, verify, PPO_STAGES)
+    return "\n".join(
+        [*lines, "", describe_artifact(record.artifact, verify=verify, complete=complete)]
+    )

@@ -61,6 +61,7 @@ from flows.cache_keys import (
 from flows.cache_records import record_problem, task_options
 from flows.code_fingerprint import stage_code
 from flows.dag import batch_keys
+from flows.derived_keys import derived_fingerprints, rebuild_derived, stored_delta
 from flows.miss_reasons import miss_reasons
 from flows.run_store import RunStore, StageRecord, decode_metrics, encode_metrics
 from stages.stage import KeyRef, Stage, StageContext
@@ -161,8 +162,11 @@ def compute_stage(
         if name not in before or value is not before[name]
     }
     extra = {"cache_key": cache_key, "metrics": encode_metrics(added, f"stage {stage.name!r}")}
+    stored, derived = stored_delta(stage, inputs, delta)  # flows/derived_keys.py
+    if derived:
+        extra["derived"] = derived
     ref = save_artifact(
-        delta,
+        stored,
         path,
         stage=stage.name,
         stage_version=str(stage.version),
@@ -172,7 +176,7 @@ def compute_stage(
         digest=artifact_digest(ctx.config),
     )
     if sink is not None:
-        sink.update(delta=delta, metrics=decode_metrics(extra["metrics"]))
+        sink.update(delta=delta, metrics=decode_metrics(extra["metrics"]), derived=derived)
     return ref
 
 
@@ -246,9 +250,10 @@ class StageOutcome:
 
 
 def load_delta(
-    ref: ArtifactRef, cache_key: str, verify: Verify
-) -> tuple[DataProto, dict[str, float]]:
-    """The delta and metrics of the artifact ``ref``, after checking it is what ``ref`` names.
+    ref: ArtifactRef, cache_key: str, verify: Verify, stage: Stage, inputs: DataProto
+) -> tuple[DataProto, dict[str, float], list[str]]:
+    """The delta (its derived keys rebuilt from ``inputs``, flows/derived_keys.py), metrics and
+    derived key names of the artifact ``ref``, after checking it is what ``ref`` names.
 
     Raises:
         ArtifactError: the artifact is missing, damaged, or was overwritten by other content.
@@ -261,7 +266,23 @@ def load_delta(
             f"{str(extra.get('cache_key'))[:16]}…, but the cache record expects "
             f"{ref.fingerprint[:16]}… for {cache_key[:16]}… (the artifact was overwritten)"
         )
-    return load_artifact(ref.path, verify=verify), decode_metrics(extra.get("metrics", {}))
+    delta, derived = _load_rebuilt(ref.path, manifest, verify, stage, inputs)
+    return delta, decode_metrics(extra.get("metrics", {})), derived
+
+
+def _load_rebuilt(
+    path: str, manifest: dict[str, Any], verify: Verify, stage: Stage, inputs: DataProto
+) -> tuple[DataProto, list[str]]:
+    """The artifact at ``path`` with the derived keys its manifest lists built again."""
+    derived = list((manifest.get("extra") or {}).get("derived") or [])
+    try:
+        return rebuild_derived(stage, inputs, load_artifact(path, verify=verify), derived), derived
+    except (ValueError, KeyError) as err:
+        if isinstance(err, ArtifactError):
+            raise
+        raise ArtifactError(
+            f"{path}: its derived keys {derived} cannot be rebuilt ({err})"
+        ) from None
 
 
 def _call(
@@ -275,8 +296,9 @@ def _call(
     name: str,
     refresh: bool,
     retries: int,
-) -> tuple[ArtifactRef, tuple[DataProto, dict[str, float]] | None]:
-    """(the ArtifactRef, the in-memory delta and metrics when the task body ran, else None)."""
+) -> tuple[ArtifactRef, tuple[DataProto, dict[str, float], list[str]] | None]:
+    """(the ArtifactRef, the in-memory delta, metrics and derived key names when the task body
+    ran, else None)."""
     prefect_task = stage_task(stage, cache_dir, retries, refresh)
     sink: dict[str, Any] = {}
     # raises the stage's exception when the task failed; the body fills ``sink`` only when it
@@ -284,12 +306,17 @@ def _call(
     ref = prefect_task(quote(stage), quote(inputs), quote(ctx), path, key, step, quote(sink), name)
     if "delta" not in sink:
         return ref, None
-    return replace(ref, path=path), (sink["delta"], sink["metrics"])
+    return replace(ref, path=path), (sink["delta"], sink["metrics"], sink["derived"])
 
 
 def load_cached(
-    ref: ArtifactRef, store: RunStore, cache_key: str, verify: Verify
-) -> tuple[ArtifactRef, tuple[DataProto, dict[str, float]]]:
+    ref: ArtifactRef,
+    store: RunStore,
+    cache_key: str,
+    verify: Verify,
+    stage: Stage,
+    inputs: DataProto,
+) -> tuple[ArtifactRef, tuple[DataProto, dict[str, float], list[str]]]:
     """The cache record's artifact, looked for in the run and the runs it branched from
     (``RunStore.candidates``); the first that holds the record's fingerprint and key wins.
 
@@ -300,7 +327,7 @@ def load_cached(
     for path in store.candidates(ref.path):
         located = replace(ref, path=path)
         try:
-            return located, load_delta(located, cache_key, verify)
+            return located, load_delta(located, cache_key, verify, stage, inputs)
         except (ArtifactError, FileNotFoundError) as err:
             problems.append(str(err))
     raise ArtifactError("; ".join(problems) or f"{ref.path}: no such artifact")
@@ -365,14 +392,14 @@ def run_stage(
     else:
         reason = "cache hit"
         try:
-            ref, computed = load_cached(ref, store, key, verify)
+            ref, computed = load_cached(ref, store, key, verify, stage, inputs)
         except ArtifactError as err:
             _log().warning("stage %r: cached artifact unusable, recomputing: %s", stage.name, err)
             ref, computed = call(True, retries)
             reason = f"recomputed: the cached artifact was unusable ({err})"
     if computed is None:
         raise RuntimeError(f"stage {stage.name!r}: refresh_cache still served a cached result")
-    delta, metrics = computed
+    delta, metrics, derived = computed
     record = StageRecord(
         stage=stage.name,
         status="cached" if reason == "cache hit" else "ran",
@@ -386,8 +413,24 @@ def run_stage(
         metrics=metrics,
         key_parts=parts,
     )
+    return StageOutcome(
+        delta, record, _produced_fingerprints(stage, delta, ref.fingerprint, derived, fingerprints)
+    )
+
+
+def _produced_fingerprints(
+    stage: Stage,
+    delta: DataProto,
+    artifact: str,
+    derived: list[str],
+    fingerprints: dict[KeyRef, str],
+) -> dict[KeyRef, str]:
+    """The key fingerprints of what the stage produced: from its artifact's fingerprint, and for
+    derived keys also from the input keys they are built from (flows/derived_keys.py)."""
     produced = set(stage.produces) | batch_keys(delta) if stage.extra_outputs else stage.produces
-    return StageOutcome(delta, record, artifact_key_fingerprints(ref.fingerprint, produced))
+    found = artifact_key_fingerprints(artifact, produced)
+    found.update(derived_fingerprints(stage, derived, artifact, fingerprints))
+    return found
 
 
 def refused_record(stage: Stage, cache_dir: Path, key: str) -> str | None:
@@ -445,12 +488,19 @@ def _check_reused_manifest(stage: str, record: StageRecord, origin: str) -> None
 
 
 def reuse_stage(
-    stage: Stage, record: StageRecord, origin: str, verify: Verify = "full"
+    stage: Stage,
+    record: StageRecord,
+    origin: str,
+    verify: Verify,
+    batch: DataProto,
+    fingerprints: dict[KeyRef, str],
 ) -> StageOutcome:
     """Take one stage's delta from another run's journal record (a re-run's upstream stages).
 
     The artifact ``record.artifact`` is loaded (``verify="full"`` hashes every file) and must
-    still hold ``record.fingerprint``; its metrics come from the record. No stage work is done.
+    still hold ``record.fingerprint``; its derived keys are rebuilt from ``batch`` (the step batch
+    so far, whose key fingerprints are ``fingerprints``); its metrics come from the record. No
+    stage work is done.
 
     Raises:
         ArtifactError: the artifact is gone, damaged, or holds other content than recorded.
@@ -458,7 +508,10 @@ def reuse_stage(
     """
     start = perf_counter()
     _check_reused_manifest(stage.name, record, origin)
-    delta = load_artifact(record.artifact, verify=verify)
+    manifest = read_manifest(record.artifact)
+    delta, derived = _load_rebuilt(
+        record.artifact, manifest, verify, stage, select_inputs(stage, batch)
+    )
     reused = replace(
         record,
         status="cached",
@@ -466,5 +519,5 @@ def reuse_stage(
         timing_s=perf_counter() - start,
         metrics=dict(record.metrics),
     )
-    produced = set(stage.produces) | batch_keys(delta) if stage.extra_outputs else stage.produces
-    return StageOutcome(delta, reused, artifact_key_fingerprints(record.fingerprint, produced))
+    found = _produced_fingerprints(stage, delta, record.fingerprint, derived, fingerprints)
+    return StageOutcome(delta, reused, found)

@@ -264,7 +264,9 @@ def _run_step(
     metrics = dict(ctx.metrics)
     for stage in plan.stages:
         if stage.name in reuse:
-            outcome = reuse_stage(stage, reuse[stage.name], reuse_origin, verify)
+            outcome = reuse_stage(
+                stage, reuse[stage.name], reuse_origin, verify, batch, fingerprints
+            )
         else:
             outcome = run_stage(
                 stage,

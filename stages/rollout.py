@@ -4,7 +4,9 @@ requires: ``prompt_input_ids``, ``prompt_attention_mask``, ``prompt_position_ids
 step input's prompt tensors under their own names, so that the rollout's full-sequence
 ``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T) never clash with them.
 produces: ``prompts`` (B, P), ``responses`` / ``response_mask`` / ``rollout_log_probs`` (B, R),
-``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T = P + R).
+``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T = P + R). The artifact stores the
+response side only: ``prompts`` and the (B, T) tensors are the prompt tensors ‖ the response's
+(:data:`ROLLOUT_DERIVED`), left out when they equal that and rebuilt when the delta is loaded.
 
 The actor engine generates (``generate_sequences``). With ``rollout.name: hf`` that is HF
 ``generate`` on the actor's own module, so it always sees the newest weights; with ``vllm`` the
@@ -37,7 +39,7 @@ from dataproto import DataProto
 from dataproto import keys as K
 from stages.algos.advantages import ADV_ESTIMATORS
 from stages.engine_calls import call_engine
-from stages.stage import Stage, StageContext, non_tensor, step_seed, tensor
+from stages.stage import DerivedKey, Stage, StageContext, non_tensor, step_seed, tensor
 
 #: the rollout's output keys (what the engine returns and the stage keeps)
 ROLLOUT_KEYS = (
@@ -92,6 +94,37 @@ def rollout_fn(batch: DataProto, ctx: StageContext) -> DataProto:
     return DataProto(batch=out.batch.select(*ROLLOUT_KEYS), non_tensor_batch={}, meta_info={})
 
 
+def _full_input_ids(t) -> Tensor:
+    """(B, T) prompt ids ‖ response ids."""
+    return torch.cat([t[K.PROMPT_INPUT_IDS], t[K.RESPONSES]], dim=1)
+
+
+def _full_attention_mask(t) -> Tensor:
+    """(B, T) prompt mask ‖ response mask, in the prompt mask's dtype."""
+    prompt_mask = t[K.PROMPT_ATTENTION_MASK]
+    return torch.cat([prompt_mask, t[K.RESPONSE_MASK].to(prompt_mask.dtype)], dim=1)
+
+
+def _full_position_ids(t) -> Tensor:
+    """(B, T) prompt positions, then the last prompt position + 1, + 2, … (verl's)."""
+    prompt_pos, width = t[K.PROMPT_POSITION_IDS], t[K.RESPONSES].shape[1]
+    offsets = torch.arange(1, width + 1, device=prompt_pos.device, dtype=prompt_pos.dtype)
+    return torch.cat([prompt_pos, prompt_pos[:, -1:] + offsets], dim=1)
+
+
+#: the rollout's keys its artifact leaves out: each is its prompt tensor ‖ the response side
+ROLLOUT_DERIVED = {
+    K.PROMPTS: DerivedKey((tensor(K.PROMPT_INPUT_IDS),), lambda t: t[K.PROMPT_INPUT_IDS]),
+    K.INPUT_IDS: DerivedKey((tensor(K.PROMPT_INPUT_IDS), tensor(K.RESPONSES)), _full_input_ids),
+    K.ATTENTION_MASK: DerivedKey(
+        (tensor(K.PROMPT_ATTENTION_MASK), tensor(K.RESPONSE_MASK)), _full_attention_mask
+    ),
+    K.POSITION_IDS: DerivedKey(
+        (tensor(K.PROMPT_POSITION_IDS), tensor(K.RESPONSES)), _full_position_ids
+    ),
+}
+
+
 ROLLOUT_STAGE = Stage(
     name="rollout",
     version=1,
@@ -114,6 +147,7 @@ ROLLOUT_STAGE = Stage(
     seeded=True,
     reads_weights=True,
     engine="actor",
+    derived=ROLLOUT_DERIVED,
 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -60,6 +60,20 @@ class StageContext:
 
 
 @dataclass(frozen=True)
+class DerivedKey:
+    """A tensor a stage produces that its artifact need not store: ``build`` makes it again from
+    other tensors (of the stage's inputs or of its own delta), so it is rebuilt when the delta is
+    loaded.
+
+    needs: the tensor keys ``build`` reads, each required by or produced by the stage.
+    build: ``build(tensors) -> Tensor``, ``tensors`` the needed keys by name; a pure function.
+    """
+
+    needs: tuple[KeyRef, ...]
+    build: Callable[[Mapping[str, Any]], Any]
+
+
+@dataclass(frozen=True)
 class Stage:
     """A named, versioned unit of the PPO step.
 
@@ -86,6 +100,9 @@ class Stage:
     reorders: the name of a (B,) int64 permutation key in ``produces``: the step flow reorders
         the whole step batch by it after the stage (row i becomes row ``perm[i]``) and drops the
         key from the batch (the artifact keeps it). The balance stage uses it.
+    derived: produced tensor key name → :class:`DerivedKey`: keys the artifact leaves out when
+        they equal what ``build`` makes of its inputs and the stored keys (checked on every
+        save), rebuilt on load (the rollout's ``input_ids`` from the prompts and responses).
     """
 
     name: str
@@ -103,6 +120,7 @@ class Stage:
     extra_outputs: tuple[Layer, ...] = ()
     engine: str | None = None
     reorders: str | None = None
+    derived: Mapping[str, DerivedKey] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.reorders is not None and tensor(self.reorders) not in self.produces:
@@ -110,6 +128,14 @@ class Stage:
                 f"stage {self.name!r}: reorders={self.reorders!r} must name a tensor key it "
                 f"produces (produces: {[str(k) for k in self.produces]})"
             )
+        readable = (set(self.requires) | set(self.produces)) - {tensor(n) for n in self.derived}
+        for name, derivation in self.derived.items():
+            if tensor(name) not in self.produces or not set(derivation.needs) <= readable:
+                raise ValueError(
+                    f"stage {self.name!r}: derived key {name!r} must be a tensor it produces, "
+                    f"built from keys it requires or stores (needs: "
+                    f"{[str(k) for k in derivation.needs]})"
+                )
 
     @property
     def needs_step(self) -> bool:

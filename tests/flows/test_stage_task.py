@@ -79,10 +79,11 @@ def test_compute_stage_stores_metrics_key_and_config(tmp_path, toy_stages, toy_c
     assert manifest["extra"] == {"cache_key": "k" * 64, "metrics": {"toy/total_mean": 3.0}}
     assert ctx.metrics == {"timing_s/gen": 1.0}  # the caller's context is not touched
     assert sink["metrics"] == {"toy/total_mean": 3.0}
-    delta, metrics = load_delta(ref, "k" * 64, "full")
+    delta, metrics, derived = load_delta(ref, "k" * 64, "full", total, inputs)
     assert delta.non_tensor_batch["total"].tolist() == [3.0, 3.0] and metrics == sink["metrics"]
+    assert derived == [] and sink["derived"] == []  # the stage derives no key
     with pytest.raises(ArtifactError, match="the artifact was overwritten"):
-        load_delta(ref, "j" * 64, "full")  # a record made for another key never matches
+        load_delta(ref, "j" * 64, "full", total, inputs)  # a record for another key never matches
 
 
 def test_config_slice_is_recorded(tmp_path, toy_stages, toy_ctx):
