@@ -50,9 +50,11 @@ process has them mapped.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -186,6 +188,7 @@ def save_artifact(
     digest: Digest = DEFAULT_DIGEST,
     narrow: bool = True,
     trim: bool = True,
+    write_in: Callable[[Callable[[], None]], Any] | None = None,
 ) -> ArtifactRef:
     """Write ``data`` (a DataProto) as an artifact directory at ``path`` (local or fsspec URL).
 
@@ -202,6 +205,11 @@ def save_artifact(
             (as format version 2 did), which keeps a lazy load from reading integer tensors.
         trim: store padded 2-D tensors trimmed (dataproto/trimmed_rows.py); False stores every
             tensor dense (as format version 3 did).
+        write_in: run the file writes elsewhere: the fingerprint is computed in memory (every
+            file's bytes digested, nothing written), then ``write_in(write)`` is called with the
+            function that writes the files, as atomically as a plain save, and returns at once
+            (a background writer's submit). ``data``'s tensors must stay unchanged until
+            ``write`` has run. Without it the files are written (and digested) here.
 
     Returns:
         An :class:`ArtifactRef` (path, fingerprint, rows, nbytes); a plain local path is made
@@ -245,9 +253,44 @@ def save_artifact(
     if store.exists() and not overwrite:
         raise ArtifactError(f"{store.url}: already exists; pass overwrite=True to replace it")
     files = [(name, payload) for _, name, payload in non_tensor] + [(META_FILE, meta_bytes)]
-    _write_all(store, manifest, tensors, files, overwrite)
+    if write_in is None:
+        _write_all(store, manifest, tensors, files, overwrite)
+    else:
+        _sign(manifest, _digest_in_memory(manifest["digest"], tensors, files))
+        write_in(functools.partial(_write_all, store, manifest, tensors, files, overwrite))
     return ArtifactRef(
         store.ref_path(), manifest["fingerprint"], manifest["rows"], manifest["nbytes"]
+    )
+
+
+class _Discard:
+    """A binary sink that keeps nothing (the tensor file's bytes digested, not written)."""
+
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def _digest_in_memory(
+    digest: Digest, tensors: dict[str, Any] | None, files: list[tuple[str, bytes]]
+) -> dict[str, dict[str, Any]]:
+    """The file table (bytes and digest of each file) of what :func:`_write_all` will write."""
+    table: dict[str, dict[str, Any]] = {}
+    if tensors is not None:
+        hasher = HashingWriter(_Discard(), digest)
+        write_tensor_file(tensors, hasher)
+        table[TENSOR_FILE] = {"bytes": hasher.nbytes, digest: hasher.hexdigest()}
+    for name, payload in files:
+        table[name] = {"bytes": len(payload), digest: digest_bytes(payload, digest)}
+    return table
+
+
+def _sign(manifest: dict[str, Any], table: dict[str, dict[str, Any]]) -> None:
+    """Fill in the manifest's file table, total bytes and fingerprint."""
+    digest = manifest["digest"]
+    manifest["files"] = table
+    manifest["nbytes"] = sum(entry["bytes"] for entry in table.values())
+    manifest["fingerprint"] = content_fingerprint(
+        {name: entry[digest] for name, entry in table.items()}, _layout(manifest), digest
     )
 
 
@@ -258,29 +301,29 @@ def _write_all(
     files: list[tuple[str, bytes]],
     overwrite: bool,
 ) -> None:
-    """Write every file into a temp dir, fill in sizes/digests/fingerprint, then commit."""
+    """Write every file into a temp dir, then commit. A manifest without a file table yet gets
+    it from the bytes as they are written (digested on the way); a signed one is written as is."""
     temp = store.temp_root()
     digest = manifest["digest"]
+    signed = "fingerprint" in manifest
     table: dict[str, dict[str, Any]] = {}
     try:
         store.make_dir(temp)
         if tensors is not None:
             with store.open_write(temp, TENSOR_FILE) as raw:
-                writer = HashingWriter(raw, digest)
+                writer = raw if signed else HashingWriter(raw, digest)
                 write_tensor_file(tensors, writer)
-                table[TENSOR_FILE] = {"bytes": writer.nbytes, digest: writer.hexdigest()}
+                if not signed:
+                    table[TENSOR_FILE] = {"bytes": writer.nbytes, digest: writer.hexdigest()}
         for name, payload in files:
             with store.open_write(temp, name) as handle:
                 handle.write(payload)
-            table[name] = {"bytes": len(payload), digest: digest_bytes(payload, digest)}
-        manifest["files"] = table
-        manifest["nbytes"] = sum(entry["bytes"] for entry in table.values())
-        manifest["fingerprint"] = content_fingerprint(
-            {name: entry[digest] for name, entry in table.items()}, _layout(manifest), digest
-        )
+        if not signed:
+            table.update(_digest_in_memory(digest, None, files))
+            _sign(manifest, table)
         with store.open_write(temp, MANIFEST) as handle:
             handle.write(json.dumps(manifest, indent=1, allow_nan=False).encode())
-        store.commit(temp, list(table), overwrite)
+        store.commit(temp, list(manifest["files"]), overwrite)
     except BaseException:
         with suppress(OSError):  # cleanup only; the original error propagates
             store.remove(temp)

@@ -51,9 +51,9 @@ class TrimmedRows:
     fill: int
 
 
-def _fill_bits(bits: Tensor) -> int:
-    """The bit pattern most rows start or end with (the smallest of equally common ones)."""
-    edges = torch.cat([bits[:, 0], bits[:, -1]])
+def _fill_bits(edges: Tensor) -> int:
+    """The bit pattern most rows start or end with (the smallest of equally common ones), from
+    the (2B,) bits of the rows' first and last entries."""
     patterns, counts = torch.unique(edges, return_counts=True)  # sorted patterns
     return int(patterns[int(torch.argmax(counts))])
 
@@ -75,12 +75,27 @@ def _span_cells(spans: Tensor, columns: int) -> Tensor:
     return (column >= spans[:, :1].to(torch.int32)) & (column < spans[:, 1:].to(torch.int32))
 
 
-def _comparable_bits(tensor: Tensor) -> Tensor:
-    """The bits compared against the fill: a float tensor's −0.0 counts as +0.0 (padding zeros
-    of either sign are padding); every other value by its own bits."""
+def _canonical_bits(tensor: Tensor) -> Tensor:
+    """The bits compared against the fill: a float −0.0 counts as +0.0 (padding zeros of either
+    sign are padding); every other value by its own bits."""
     if tensor.is_floating_point():
         tensor = torch.where(tensor == 0, torch.zeros((), dtype=tensor.dtype), tensor)
     return _bits(tensor)
+
+
+def _real_cells(tensor: Tensor, fill: int) -> Tensor:
+    """(B, C) bool: the entries that are not the fill (for a float fill of 0.0, not ±0.0)."""
+    if tensor.is_floating_point() and fill == 0:
+        return tensor != 0  # NaN != 0 too
+    return _bits(tensor) != fill
+
+
+def _may_pay(tensor: Tensor, fill: int) -> bool:
+    """Whether trimming can leave off an eighth of the cells: only rows that start or end with
+    the fill have padding to leave off (an O(B) bound, so dense tensors cost next to nothing)."""
+    edges = _canonical_bits(torch.stack([tensor[:, 0], tensor[:, -1]], dim=1))  # (B, 2)
+    padded_rows = int((edges == fill).any(dim=1).sum())
+    return padded_rows * tensor.shape[1] >= (1 - _MAX_KEPT_FRACTION) * tensor.numel()
 
 
 def trim_rows(tensor: Tensor) -> TrimmedRows | None:
@@ -96,9 +111,10 @@ def trim_rows(tensor: Tensor) -> TrimmedRows | None:
     """
     if tensor.dim() != 2 or tensor.shape[1] < 2 or tensor.shape[0] == 0:
         return None
-    bits = _comparable_bits(tensor)
-    fill = _fill_bits(bits)
-    spans = _row_spans(bits != fill)
+    fill = _fill_bits(_canonical_bits(torch.cat([tensor[:, 0], tensor[:, -1]])))
+    if not _may_pay(tensor, fill):
+        return None
+    spans = _row_spans(_real_cells(tensor, fill))
     kept = int((spans[:, 1] - spans[:, 0]).sum())
     if kept > _MAX_KEPT_FRACTION * tensor.numel():
         return None

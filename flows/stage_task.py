@@ -50,6 +50,7 @@ from dataproto.artifact import (
 )
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from dataproto.protocol import DataProto
+from flows.artifact_writer import current_writer
 from flows.cache_keys import (
     artifact_key_fingerprints,
     cache_key_of,
@@ -138,6 +139,15 @@ def artifact_digest(config: Any) -> Digest:
         return DEFAULT_DIGEST
 
 
+def writes_in_background(config: Any) -> bool:
+    """``ppoflow.artifacts.write_in_background``; False for a config without that key (a stage
+    test's plain dict or toy config)."""
+    try:
+        return bool(config_value(config, "ppoflow.artifacts.write_in_background"))
+    except KeyError:
+        return False
+
+
 def compute_stage(
     stage: Stage,
     inputs: DataProto,
@@ -163,6 +173,7 @@ def compute_stage(
     }
     extra = {"cache_key": cache_key, "metrics": encode_metrics(added, f"stage {stage.name!r}")}
     stored, derived = stored_delta(stage, inputs, delta)  # flows/derived_keys.py
+    writer = current_writer()  # the step's background writer (flows/artifact_writer.py)
     if derived:
         extra["derived"] = derived
     ref = save_artifact(
@@ -174,6 +185,7 @@ def compute_stage(
         extra=extra,
         overwrite=True,
         digest=artifact_digest(ctx.config),
+        write_in=None if writer is None else writer.submit,
     )
     if sink is not None:
         sink.update(delta=delta, metrics=decode_metrics(extra["metrics"]), derived=derived)

@@ -38,10 +38,17 @@ from prefect import Flow
 
 from dataproto.artifact import Verify
 from dataproto.protocol import DataProto
+from flows.artifact_writer import writing_in_background
 from flows.cache_keys import artifact_key_fingerprints, reordered_fingerprints
 from flows.dag import StepPlan, batch_keys, plan_step
 from flows.run_store import RunStore, StageRecord, StepJournal
-from flows.stage_task import artifact_digest, reuse_stage, run_stage, timer_name
+from flows.stage_task import (
+    artifact_digest,
+    reuse_stage,
+    run_stage,
+    timer_name,
+    writes_in_background,
+)
 from stages.config import PPORunConfig
 from stages.stage import KeyRef, Stage, StageContext, tensor
 
@@ -262,35 +269,36 @@ def _run_step(
     )
     records = {name: StageRecord(name, "skipped", reason) for name, reason in plan.skipped.items()}
     metrics = dict(ctx.metrics)
-    for stage in plan.stages:
-        if stage.name in reuse:
-            outcome = reuse_stage(
-                stage, reuse[stage.name], reuse_origin, verify, batch, fingerprints
-            )
-        else:
-            outcome = run_stage(
-                stage,
-                batch,
-                replace(ctx, metrics=metrics),
-                store,
-                step,
-                fingerprints=fingerprints,
-                weights_fingerprint=weights_for(stage, weights_fingerprints),
-                refresh=stage.name in refresh or (run_weight_writers and stage.writes_weights),
-                refresh_reason=_refresh_reason(stage, refresh, run_weight_writers),
-                retries=0 if stage.writes_weights else retries,
-                verify=verify,
-                previous=earlier.get(stage.name),
-            )
-        batch = batch | outcome.delta
-        fingerprints.update(outcome.fingerprints)
-        if stage.reorders is not None:
-            batch, fingerprints = apply_reorder(stage, batch, fingerprints)
-        metrics.update(outcome.record.metrics)
-        metrics[f"timing_s/{timer_name(stage.name)}"] = outcome.record.timing_s
-        records[stage.name] = outcome.record
-        journal.stages = _ordered(stages, records)
-        store.write_journal(journal)
+    with writing_in_background(writes_in_background(ctx.config)):  # flows/artifact_writer.py
+        for stage in plan.stages:
+            if stage.name in reuse:
+                outcome = reuse_stage(
+                    stage, reuse[stage.name], reuse_origin, verify, batch, fingerprints
+                )
+            else:
+                outcome = run_stage(
+                    stage,
+                    batch,
+                    replace(ctx, metrics=metrics),
+                    store,
+                    step,
+                    fingerprints=fingerprints,
+                    weights_fingerprint=weights_for(stage, weights_fingerprints),
+                    refresh=stage.name in refresh or (run_weight_writers and stage.writes_weights),
+                    refresh_reason=_refresh_reason(stage, refresh, run_weight_writers),
+                    retries=0 if stage.writes_weights else retries,
+                    verify=verify,
+                    previous=earlier.get(stage.name),
+                )
+            batch = batch | outcome.delta
+            fingerprints.update(outcome.fingerprints)
+            if stage.reorders is not None:
+                batch, fingerprints = apply_reorder(stage, batch, fingerprints)
+            metrics.update(outcome.record.metrics)
+            metrics[f"timing_s/{timer_name(stage.name)}"] = outcome.record.timing_s
+            records[stage.name] = outcome.record
+            journal.stages = _ordered(stages, records)
+            store.write_journal(journal)
     metrics["timing_s/step"] = perf_counter() - start
     journal.status, journal.metrics, journal.stages = "done", metrics, _ordered(stages, records)
     store.write_journal(journal)

@@ -134,7 +134,15 @@ class WorkersConfig(ConfigModel):
 
 
 class ArtifactRetentionConfig(ConfigModel):
-    """Which steps keep their stage artifacts (flows/retention.py); both null keeps every step."""
+    """How a run writes its stage artifacts (flows/artifact_writer.py) and which steps keep them
+    (flows/retention.py; keep_last and keep_every both null keep every step)."""
+
+    write_in_background: bool = Field(
+        True,
+        description="Write each stage's artifact on a background thread while the step goes on "
+        "(its fingerprint is computed in memory first); the step ends when its writes have; "
+        "false writes it inside the stage (bool)",
+    )
 
     keep_last: int | None = Field(
         None,
@@ -175,7 +183,7 @@ class PPOFlowConfig(ConfigModel):
     )
     artifacts: ArtifactRetentionConfig = Field(
         default_factory=ArtifactRetentionConfig,
-        description="Retention of the steps' stage artifacts (section)",
+        description="How the steps' stage artifacts are written and kept (section)",
     )
     workers: WorkersConfig = Field(
         default_factory=WorkersConfig, description="Engine rank placement (section)"

@@ -13,7 +13,7 @@ The kills come from tests/flows/killpoints/sitecustomize.py (on the killed run's
 ``PYTHONPATH``, ``PPOFLOW_TEST_KILL_AT=<point>:<n>``): a wrapped function kills the group the
 n-th time the point is reached, so no case depends on timing. The points: each stage's start,
 after its compute before its artifact is saved, and in its artifact write (temp folder complete,
-before the rename), in step 3; the checkpoint of step 4 after the actor's files, the critic's,
+before the rename; the background writer's thread, while the step goes on), in step 3; the checkpoint of step 4 after the actor's files, the critic's,
 ``data/state.json``, the step manifest, the tracker, and after ``save_run_checkpoint`` returned;
 the tracker of step 2; the publishing thread about to send step 2's metrics to MLflow, and having
 sent step 3's.
@@ -53,6 +53,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from flows.artifact_writer import THREAD_NAME as WRITER_THREAD
 from flows.mlflow_logger import STEP_METRIC
 from flows.run_identity import CACHE_HITS
 from flows.run_store import RunStore
@@ -401,6 +402,8 @@ def test_a_kill_at_any_point_resumes_to_the_uninterrupted_run(matrix, kill):
     if kill.point.endswith(".write"):  # the kill left the artifact's temp folder
         stage = kill.point.removesuffix(".write")
         assert any(f"/step_{kill.step}/.{stage}.tmp-" in path for path in case.leftovers)
+        # …written by the background writer while the step went on (flows/artifact_writer.py)
+        assert killed_at["thread"].startswith(WRITER_THREAD), killed_at
 
     assert temp_files(case.run, case.checkpoints) == [], "a temp file of the killed run is left"
     for step in range(1, STEPS + 1):
