@@ -11,9 +11,9 @@ Batches are verl-layout: prompts left-padded to ``max_prompt_length``, responses
 * ``varied``: prompts of 8–120 tokens padded to 128, responses of 4–64 padded to 64, drawn
   uniformly (real data varies like this: many short rows, a few long ones).
 
-Passes, each as in the demo's step: ``compute_log_prob`` over the batch in micro-batches of 16
-(the old-log-prob stage), and ``update_actor`` with two mini-batches of 128 rows in
-micro-batches of 16 (the update stage). Layouts (``stages.engines.response_hidden``): ``full``
+Passes, each as in the demo's step (configs/demo-cpu.yaml): ``compute_log_prob`` over the batch
+in micro-batches of 32 (the old-log-prob stage), and ``update_actor`` with one mini-batch of all
+256 rows in micro-batches of 16 (the update stage: one on-policy optimizer step). Layouts (``stages.engines.response_hidden``): ``full``
 (every forward at P + R columns, the baseline), ``trimmed`` (the columns some row of the
 micro-batch needs) and ``packed`` (``use_remove_padding``: the rows' real tokens back to back).
 They alternate in the same run (full, trimmed, packed, full, …), each a fresh engine from the
@@ -48,7 +48,9 @@ from stages.engines.logprob import ResponseLogProbModel
 from stages.engines.models import load_causal_lm
 
 LOSS = {"clip_ratio": 0.2, "loss_agg_mode": "token-mean", "entropy_coeff": 0.0}
-ROWS, MICRO = 256, 16
+#: the demo config's: log_prob_micro_batch_size_per_gpu, ppo_micro_batch_size_per_gpu, and one
+#: mini-batch of all 256 sequences (ppo_mini_batch_size 64 prompts × n 4)
+ROWS, LOG_PROB_MICRO, UPDATE_MICRO, MINI_BATCH = 256, 32, 16, 256
 LAYOUTS = ("full", "trimmed", "packed")
 
 
@@ -103,12 +105,14 @@ def time_passes(model_dir: Path, batch: DataProto, layout: str) -> tuple[float, 
         ResponseLogProbModel(load_causal_lm(model_dir), layout),
         EngineSettings(zero_stage=0, lr=1e-4, clip_grad=1.0),
     )
-    micro = MicroBatching(micro_batch_size=MICRO)
     start = time.perf_counter()
     with torch.no_grad():
-        compute_log_prob(engine, batch, micro)
+        compute_log_prob(engine, batch, MicroBatching(micro_batch_size=LOG_PROB_MICRO))
     middle = time.perf_counter()
-    update_actor(engine, batch, PPOUpdateSettings(mini_batch_size=128, micro=micro), LOSS)
+    settings = PPOUpdateSettings(
+        mini_batch_size=MINI_BATCH, micro=MicroBatching(micro_batch_size=UPDATE_MICRO)
+    )
+    update_actor(engine, batch, settings, LOSS)
     end = time.perf_counter()
     return middle - start, end - middle
 
