@@ -25,7 +25,7 @@ import torch
 from tensordict import TensorDict
 
 from dataproto import DataProto
-from dataproto.artifact import ArtifactError, Verify, load_artifact
+from dataproto.artifact import ArtifactError, Verify, load_artifact, read_manifest
 from dataproto.report import Completion
 from flows.cache_keys import key_fingerprint
 from stages.stage import KeyRef, Stage, tensor
@@ -137,4 +137,31 @@ def from_step_input(path: str | os.PathLike, verify: Verify, stages: Sequence[St
     return complete
 
 
-__all__ = ["derived_fingerprints", "from_step_input", "rebuild_derived", "stored_delta"]
+def load_stage_artifact(
+    path: str | os.PathLike, verify: Verify = "full", stages: Sequence[Stage] | None = None
+) -> DataProto:
+    """A run's stage artifact with the keys its stage left out rebuilt from the step input beside
+    it (what the step batch held), for scripts and tests that read one stage of a past step.
+    ``stages``: where to find the stage by name (default: ``stages.ppo.PPO_STAGES``).
+
+    Raises:
+        ArtifactError: the artifact fails ``verify``, or its derived keys cannot be rebuilt.
+    """
+    if stages is None:
+        from stages.ppo import PPO_STAGES
+
+        stages = PPO_STAGES
+    manifest = read_manifest(path)
+    data, note = from_step_input(path, verify, stages)(load_artifact(path, verify=verify), manifest)
+    if note is not None and "rebuilt from" not in note:
+        raise ArtifactError(f"{os.fspath(path)}: {note}")
+    return data
+
+
+__all__ = [
+    "derived_fingerprints",
+    "from_step_input",
+    "load_stage_artifact",
+    "rebuild_derived",
+    "stored_delta",
+]

