@@ -63,9 +63,13 @@ def quiet_prefect(verbose: bool) -> Iterator[None]:
 
 
 def has_prefect_server() -> bool:
-    """True when Prefect is pointed at a server (``PREFECT_API_URL``, or the active profile)."""
-    if os.environ.get("PREFECT_API_URL"):  # read before Prefect's settings (cached at import)
-        return True
+    """True when Prefect is pointed at a server (``PREFECT_API_URL``, or the active profile)
+    other than the temporary one this command started (flows/prefect_server.py)."""
+    from flows.prefect_server import is_own_server
+
+    url = os.environ.get("PREFECT_API_URL")  # read before Prefect's settings (cached at import)
+    if url:
+        return not is_own_server(url)
     from prefect.settings import get_current_settings
 
     return bool(get_current_settings().api.url)
@@ -141,6 +145,7 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
     """Run the train flow with the start-up output of flows/startup.py: a header line naming
     the build, ``source`` and the run directory; the phases from Prefect's start on; library
     output in ``<run_dir>/ppoflow.log`` until the first step, unless ``verbose``."""
+    from flows.prefect_server import started_ahead
     from flows.startup import log_file_for, startup_output
     from flows.stop_signals import exit_code, is_stop, stop_line, stop_on_signals
     from flows.train import default_run_dir, train
@@ -153,6 +158,9 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
         try:
             with startup_output(header, log_file_for(run_dir), capture=not verbose) as startup:
                 startup.begin("Prefect", prefect_doing())
+                server = started_ahead()
+                if server is not None:  # launched before the imports; up by now, mostly
+                    server.wait_ready()
                 return train(cfg, [], run_dir)
         except BaseException as err:
             if not is_stop(err):
@@ -164,6 +172,11 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
 
 def prefect_doing() -> str:
     """What the Prefect phase waits for: the configured server, or the temporary one."""
+    from flows.prefect_server import started_ahead
+
+    server = started_ahead()
+    if server is not None:
+        return f"waiting for Prefect's temporary server on port {server.port}"
     if has_prefect_server():
         from prefect.settings import get_current_settings
 

@@ -51,7 +51,13 @@ def explain_startup_timeout(err: BaseException) -> str | None:
     """
     if not str(err).startswith(_PREFECT_TIMEOUT):
         return None
-    waited = os.environ.get(PREFECT_STARTUP, SERVICE_WAITS[PREFECT_STARTUP])
+    return startup_timeout_line(os.environ.get(PREFECT_STARTUP, SERVICE_WAITS[PREFECT_STARTUP]))
+
+
+def startup_timeout_line(waited: float | str) -> str:
+    """The line for Prefect's temporary server not answering within ``waited`` seconds (also
+    raised by the server ppoflow starts itself, flows/prefect_server.py)."""
+    waited = f"{float(waited):g}"
     return (
         f"Prefect's temporary server did not answer within {waited} s ({PREFECT_STARTUP}); "
         "on a loaded machine export a larger value, or point PREFECT_API_URL at a running "
@@ -59,4 +65,10 @@ def explain_startup_timeout(err: BaseException) -> str | None:
     )
 
 
-__all__ = ["PREFECT_STARTUP", "SERVICE_WAITS", "explain_startup_timeout", "service_defaults"]
+__all__ = [
+    "PREFECT_STARTUP",
+    "SERVICE_WAITS",
+    "explain_startup_timeout",
+    "service_defaults",
+    "startup_timeout_line",
+]

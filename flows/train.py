@@ -76,6 +76,7 @@ from flows.device import apply_device
 from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
 from flows.generations_dump import dump_rollout, dump_validation
 from flows.metric_sinks import MetricSinks, ResumedRun, open_sinks
+from flows.prefect_server import describe_prefect
 from flows.progress import SCORE, Progress
 from flows.publisher import Publisher
 from flows.retention import Retention
@@ -426,7 +427,7 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
     startup = current_startup()  # the command line's, else one that only logs
     startup.logger = log
     if startup.pending == "Prefect":  # begun by the command line before the flow started
-        startup.end(f"flow run {flow_run.get_name()!r}")
+        startup.end(describe_prefect(flow_run.get_name()))
     cfg = resolve_config(config, overrides)
     run = open_run(cfg, run_dir, startup)
     startup.ready()

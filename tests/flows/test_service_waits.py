@@ -60,7 +60,7 @@ def test_training_starts_while_other_processes_load_every_core(
         env = {k: v for k, v in os.environ.items() if k != PREFECT_STARTUP}
         env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), OMP_NUM_THREADS="1")
         command = [
-            sys.executable, "-m", "flows.cli", "train", str(REPO / "configs" / "demo-cpu.yaml"),
+            sys.executable, "-m", "flows", "train", str(REPO / "configs" / "demo-cpu.yaml"),
             *tiny_run_overrides(demo, tmp_path, 2), "--run-dir", str(tmp_path / "run"),
         ]  # fmt: skip
         done = subprocess.run(
@@ -72,3 +72,4 @@ def test_training_starts_while_other_processes_load_every_core(
             hog.wait()
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert done.stdout.splitlines()[-1] == str(tmp_path / "run")
+    assert "(started ahead)" in done.stdout  # the `ppoflow` executable's path: flows/entry.py

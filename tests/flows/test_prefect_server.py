@@ -1,0 +1,166 @@
+"""Prefect's temporary server started ahead by the command line (flows/prefect_server.py): when it
+is started, that a flow runs against it, that it is gone after the process exits, and its
+failures as one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flows import prefect_server
+from flows.prefect_server import (
+    OWN_SERVER,
+    TemporaryServer,
+    can_start_ahead,
+    describe_prefect,
+    start_ahead_for,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def prefect_not_imported(monkeypatch, tmp_path):
+    """This process as the command line sees it before its imports: no server configured, no
+    Prefect module, an empty Prefect home."""
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_ENABLED", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    monkeypatch.delenv("PREFECT_PROFILES_PATH", raising=False)
+    monkeypatch.delitem(sys.modules, "prefect", raising=False)
+
+
+@pytest.mark.parametrize(
+    ("args", "starts"),
+    [
+        (["train", "configs/demo-cpu.yaml"], True),
+        (["resume", "outputs/runs/x"], True),
+        (["train", "--help"], False),
+        (["resume", "-h"], False),
+        (["inspect", "outputs/x"], False),
+        (["--version"], False),
+        ([], False),
+    ],
+)
+def test_only_training_commands_start_the_server_ahead(monkeypatch, args, starts):
+    calls = []
+    monkeypatch.setattr(prefect_server, "start_ahead", lambda: calls.append(1))
+    start_ahead_for(args)
+    assert bool(calls) is starts
+
+
+def test_ahead_only_where_prefect_would_start_a_temporary_server(
+    monkeypatch, tmp_path, prefect_not_imported
+):
+    assert can_start_ahead()
+    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_ENABLED", "false")
+    assert not can_start_ahead()  # the user turned temporary servers off
+    monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_ENABLED")
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    assert not can_start_ahead()  # a configured server
+    monkeypatch.delenv("PREFECT_API_URL")
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text('[profiles.work]\nPREFECT_API_URL = "http://10.0.0.5:4200/api"\n')
+    monkeypatch.setenv("PREFECT_PROFILES_PATH", str(profiles))
+    assert not can_start_ahead()  # a server in the profile
+    monkeypatch.delenv("PREFECT_PROFILES_PATH")
+    monkeypatch.setitem(sys.modules, "prefect", sys)
+    assert not can_start_ahead()  # Prefect already read its settings
+
+
+def test_the_servers_own_url_is_not_a_configured_server(monkeypatch):
+    from flows.cli_train import has_prefect_server
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    monkeypatch.setenv(OWN_SERVER, "http://127.0.0.1:9/api")
+    assert not has_prefect_server()
+    monkeypatch.setenv(OWN_SERVER, "http://127.0.0.1:10/api")
+    assert has_prefect_server()
+
+
+def test_the_prefect_phase_says_how_long_the_server_took(monkeypatch):
+    assert describe_prefect("brave-owl") == "flow run 'brave-owl'"
+    server = TemporaryServer.__new__(TemporaryServer)
+    server.ready_after = 6.24
+    monkeypatch.setattr(prefect_server, "_started", [server])
+    assert describe_prefect("brave-owl") == (
+        "temporary server up in 6.2 s (started ahead), flow run 'brave-owl'"
+    )
+
+
+class ExitingServer(TemporaryServer):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "import sys; print('cannot open the database'); sys.exit(5)"]
+
+
+class SilentServer(TemporaryServer):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_a_server_that_exits_is_one_line_with_its_last_output(tmp_path):
+    server = ExitingServer(str(tmp_path / "server.log"))
+    with pytest.raises(RuntimeError) as raised:
+        server.wait_ready(timeout_s=30)
+    message = str(raised.value)
+    assert "exited with status 5" in message and "cannot open the database" in message
+    assert "\n" not in message and str(tmp_path / "server.log") in message
+
+
+def test_a_server_that_does_not_answer_is_stopped_and_named(tmp_path):
+    server = SilentServer(str(tmp_path / "server.log"))
+    process = server.process
+    with pytest.raises(RuntimeError) as raised:
+        server.wait_ready(timeout_s=0.5)
+    assert "did not answer within 0.5 s" in str(raised.value)
+    assert process.poll() is not None  # stopped, not left behind
+    assert not (tmp_path / "server.log").exists()  # it wrote nothing: no empty log left
+
+
+RUN_A_FLOW = """
+import os, sys
+from flows.prefect_server import start_ahead, started_ahead
+server = start_ahead()
+assert server is not None and started_ahead() is server
+print(server.process.pid, flush=True)
+from prefect import flow  # the imports run while the server starts
+server.wait_ready()
+from prefect.settings import get_current_settings
+
+@flow
+def one() -> int:
+    return 1
+
+assert one() == 1
+print(get_current_settings().api.url, server.api_url, flush=True)
+"""
+
+
+def test_a_flow_runs_against_the_server_and_the_server_ends_with_the_process(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", OWN_SERVER)}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_A_FLOW], env=env, cwd=REPO, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    pid_line, urls = done.stdout.strip().splitlines()[-2:]
+    used, started = urls.split()
+    assert used == started
+    deadline = time.monotonic() + 10
+    while running(int(pid_line)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(int(pid_line))
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie waiting to be reaped has)."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
