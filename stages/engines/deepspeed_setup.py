@@ -12,9 +12,13 @@ micro-batches can change from one mini-batch to the next under a token budget.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -108,17 +112,19 @@ def ensure_process_group(backend: str | None = None) -> None:
 
     dist_backend = backend or _default_backend()
     if all(name in os.environ for name in LAUNCHER_ENV):
-        deepspeed.init_distributed(dist_backend=dist_backend)
+        with _shared_memory_op_for(int(os.environ["WORLD_SIZE"])):
+            deepspeed.init_distributed(dist_backend=dist_backend)
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     store = Path(tempfile.mkdtemp(prefix="ppoflow-pg-")) / "store"
-    deepspeed.init_distributed(
-        dist_backend=dist_backend,
-        auto_mpi_discovery=False,  # it would look for MASTER_ADDR / MASTER_PORT, then MPI
-        init_method=store.as_uri(),
-        rank=0,
-        world_size=1,
-    )
+    with _shared_memory_op_for(1):
+        deepspeed.init_distributed(
+            dist_backend=dist_backend,
+            auto_mpi_discovery=False,  # it would look for MASTER_ADDR / MASTER_PORT, then MPI
+            init_method=store.as_uri(),
+            rank=0,
+            world_size=1,
+        )
 
 
 def join_process_group(
@@ -143,11 +149,48 @@ def join_process_group(
 
 def _prepare_new_world() -> None:
     """Before this process starts a world: DeepSpeed's accelerator set to the CPU when there is no
-    CUDA device (before DeepSpeed is first imported: it picks its accelerator then), and its
-    handles on an earlier world's groups dropped."""
+    CUDA device (before DeepSpeed is first imported: it picks its accelerator then), its C++ ops
+    built in this environment's own directory (:func:`extensions_dir`), and its handles on an
+    earlier world's groups dropped."""
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     _forget_deepspeed_groups()
+
+
+def extensions_dir(prefix: str = sys.prefix) -> Path:
+    """Where torch builds DeepSpeed's JIT ops for the Python environment at ``prefix``, unless
+    ``TORCH_EXTENSIONS_DIR`` says: ``~/.cache/torch_extensions/ppoflow-<name>-<8 hex of the
+    prefix's sha256>``. torch's default directory is one per user, so two environments with
+    different torch builds (a vLLM or a benchmark venv beside the main one) rebuild each other's
+    ops (23–173 s each time on 2 cores); one directory per environment builds each op once."""
+    tag = hashlib.sha256(str(Path(prefix).resolve()).encode()).hexdigest()[:8]
+    return Path.home() / ".cache" / "torch_extensions" / f"ppoflow-{Path(prefix).name}-{tag}"
+
+
+#: DeepSpeed's CPU all-reduce over shared memory, a C++ op built on first use
+SHARED_MEMORY_OP = "deepspeed_shm_comm"
+
+
+@contextmanager
+def _shared_memory_op_for(world_size: int) -> Iterator[None]:
+    """DeepSpeed's communication backend builds (a 25–60 s JIT compile, once per environment) and
+    loads :data:`SHARED_MEMORY_OP` for every world it starts, whatever its size. A world of one
+    rank has no peer to share memory with, so while DeepSpeed starts it the op is marked
+    incompatible in DeepSpeed's table of ops (``deepspeed.ops.__compatible_ops__``, probed once
+    per process, kept editable), and restored after; larger worlds build and use it."""
+    if world_size > 1:
+        yield
+        return
+    import deepspeed.ops
+
+    compatible = deepspeed.ops.__compatible_ops__
+    before = compatible.get(SHARED_MEMORY_OP, False)
+    compatible[SHARED_MEMORY_OP] = False
+    try:
+        yield
+    finally:
+        compatible[SHARED_MEMORY_OP] = before
 
 
 def _default_backend() -> str:

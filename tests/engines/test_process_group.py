@@ -63,3 +63,56 @@ def test_an_engine_builds_after_the_world_was_destroyed_behind_deepspeeds_back()
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "rebuilt 1"
+
+
+ONE_RANK_SCRIPT = """
+import os
+import deepspeed.comm.comm as deepspeed_comm
+import deepspeed.ops
+from stages.engines.deepspeed_setup import SHARED_MEMORY_OP, ensure_process_group
+ensure_process_group()
+print(deepspeed_comm.cdb.shm_comm_op, deepspeed.ops.__compatible_ops__[SHARED_MEMORY_OP])
+print(sorted(os.listdir(os.environ["TORCH_EXTENSIONS_DIR"])))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter importing DeepSpeed
+def test_a_single_rank_builds_no_shared_memory_op(tmp_path):
+    """A world of one rank neither builds nor loads DeepSpeed's shared-memory all-reduce op
+    (before: a 25–60 s C++ build on a fresh machine, for a rank with no peer); DeepSpeed's
+    table of ops is left as probed, so a larger world in this environment still uses it."""
+    extensions = tmp_path / "torch-extensions"
+    extensions.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
+    env.update(OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(extensions))
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_RANK_SCRIPT], env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    op_line, built = done.stdout.strip().splitlines()[-2:]
+    op, probed_compatible = op_line.split()
+    assert op == "None" and probed_compatible == "True"
+    assert built == "[]"
+
+
+def test_the_op_table_is_restored_and_larger_worlds_keep_the_op():
+    import deepspeed.ops
+
+    from stages.engines.deepspeed_setup import SHARED_MEMORY_OP, _shared_memory_op_for
+
+    table = deepspeed.ops.__compatible_ops__
+    before = table.get(SHARED_MEMORY_OP, False)
+    with _shared_memory_op_for(1):
+        assert table[SHARED_MEMORY_OP] is False
+    assert table.get(SHARED_MEMORY_OP, False) == before
+    with _shared_memory_op_for(2):
+        assert table.get(SHARED_MEMORY_OP, False) == before
+
+
+def test_each_python_environment_builds_ops_in_its_own_directory():
+    from stages.engines.deepspeed_setup import extensions_dir
+
+    main, bench = extensions_dir("/work/p/.venv"), extensions_dir("/work/p/.venv-bench")
+    assert main != bench and main.parent == bench.parent
+    assert main.name.startswith("ppoflow-.venv-") and extensions_dir("/work/p/.venv") == main
