@@ -7,17 +7,10 @@ import json
 from enum import StrEnum
 from typing import Annotated
 
-import fsspec
 import typer
 
-from dataproto.artifact import ArtifactError, save_artifact
-from dataproto.ledger import ledger_from_params
-from dataproto.report import describe_artifact
-from dataproto.sample_batch import make_sample_batch
-from flows import run_report
-from flows.derived_keys import from_step_input
-from flows.run_report import RunReportError
-from flows.run_store import RunStore
+# the commands import what they run (dataproto, the run report: torch, tensordict, Prefect) inside
+# their functions, so that importing the command line stays cheap (flows/cli.py)
 
 
 class VerifyMode(StrEnum):
@@ -61,6 +54,9 @@ def inspect(
 ) -> None:
     """Describe a run directory (steps × stages: ran / cached / skipped, sizes, key metrics) or an
     artifact (manifest, schema, per-key statistics, token ledger)."""
+    from flows import run_report
+    from flows.run_report import RunReportError
+
     try:
         kind = run_report.path_kind(path)
     except RunReportError as err:
@@ -79,6 +75,10 @@ def inspect(
 
 def inspect_artifact(path: str, verify: VerifyMode) -> None:
     """Print an artifact's manifest, schema, per-key statistics and token ledger."""
+    from dataproto.artifact import ArtifactError
+    from dataproto.report import describe_artifact
+    from flows.derived_keys import from_step_input
+
     try:
         from stages.ppo import PPO_STAGES
 
@@ -94,6 +94,9 @@ def inspect_run(
     """Print the run overview, one step, one stage, or the JSON document (flows/run_report.py)."""
     if stage is not None and step is None:
         raise _fail(f"--stage {stage} needs --step K (the step whose stage to show)", code=2)
+    from flows import run_report
+    from flows.run_store import RunStore
+
     store = RunStore(path)
     try:
         if as_json:
@@ -136,6 +139,8 @@ def ledger(
     dp_size: Annotated[int, typer.Option(help="Data-parallel ranks, for the per-rank note.")] = 1,
 ) -> None:
     """Print the token ledger of a rollout batch: rows, valid tokens, reward positions, weights."""
+    from dataproto.ledger import ledger_from_params
+
     try:
         parsed = None if lengths is None else parse_lengths(lengths)
         result = ledger_from_params(batch, n, prompt_len, response_len, parsed, dp_size=dp_size)
@@ -155,6 +160,11 @@ def make_sample_batch_command(
 ) -> None:
     """Write a synthetic rollout batch artifact (left-padded prompts, right-padded responses,
     some aborted rows, rm_scores at L_i − 1, uid / data_source / reward_model columns)."""
+    import fsspec
+
+    from dataproto.artifact import save_artifact
+    from dataproto.sample_batch import make_sample_batch
+
     fs, root = fsspec.core.url_to_fs(path)
     if not overwrite and fs.exists(root):  # the library's own line advises overwrite=True
         raise _fail(

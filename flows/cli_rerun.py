@@ -13,12 +13,16 @@ from typing import Annotated
 import typer
 
 from flows.cli_train import VerboseOption, config_messages, fail_in_one_line, quiet_prefect
-from flows.rerun import STAGE_NAMES, RerunResult, format_diff
 from stages.config import ConfigError
 
+# flows.rerun (the engines, torch, Prefect) is imported by the command, not by the command line
 
-def describe(result: RerunResult) -> str:
-    """The stages' statuses, the engines built and the metric diff, as printed by the command."""
+
+def describe(result) -> str:
+    """The stages' statuses, the engines built and the metric diff (a ``flows.rerun.RerunResult``),
+    as printed by the command."""
+    from flows.rerun import format_diff
+
     lines = [f"re-run of step {result.step} of {result.parent_dir}"]
     for record in result.result.records:
         lines.append(f"  {record.stage:<14} {record.status:<8} {record.reason}")
@@ -32,7 +36,10 @@ def rerun_command(
     run_dir: Annotated[str, typer.Argument(help="The run directory to branch from (read only).")],
     step: Annotated[int, typer.Option("--step", help="The global step K to re-run.")],
     from_stage: Annotated[
-        str, typer.Option("--from", help=f"First stage to recompute: {', '.join(STAGE_NAMES)}.")
+        str,
+        typer.Option(
+            "--from", help="First stage to recompute (rollout … metrics; a wrong name lists them)."
+        ),
     ],
     overrides: Annotated[
         list[str] | None,
