@@ -33,7 +33,9 @@ KL_KEYS = ("actor/reward_kl_penalty", "actor/ppo_kl")
 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:
-    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+    """``value`` in ``spec``, "-" when missing or not finite; a value that rounds to zero prints
+    without a sign (``z``: a KL of -3e-7 is ``0.0000``, not ``-0.0000``)."""
+    return "-" if value is None or not math.isfinite(value) else format(value, "z" + spec)
 
 
 def _clock(seconds: float) -> str:

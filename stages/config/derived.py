@@ -14,6 +14,7 @@ from pydantic import Field
 
 from stages.algos.advantages import ADV_ESTIMATORS
 from stages.config._base import ConfigModel
+from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 
 if TYPE_CHECKING:
     from stages.config.root import PPORunConfig
@@ -99,6 +100,7 @@ def fill_inherited(cfg: PPORunConfig) -> PPORunConfig:
         update={
             "actor_rollout_ref": arr,
             "critic": _fill_critic(cfg, actor, dp_size),
+            "algorithm": _fill_algorithm(cfg),
             "data": _fill(cfg.data, seed=cfg.trainer.seed),
             "trainer": _fill(
                 cfg.trainer,
@@ -106,6 +108,19 @@ def fill_inherited(cfg: PPORunConfig) -> PPORunConfig:
             ),
         }
     )
+
+
+def _fill_algorithm(cfg: PPORunConfig) -> ConfigModel:
+    """``rollout_correction.bypass_mode`` null: reuse the rollout's log-probs as old_log_probs
+    where they are the actor's own (the rollout backend's registry entry says so)."""
+    algorithm = cfg.algorithm
+    correction = _fill(
+        algorithm.rollout_correction,
+        bypass_mode=ROLLOUT_BACKENDS.get(cfg.actor_rollout_ref.rollout.name).log_probs_are_actors,
+    )
+    if correction is algorithm.rollout_correction:
+        return algorithm
+    return algorithm.model_copy(update={"rollout_correction": correction})
 
 
 def _fill_critic(cfg: PPORunConfig, actor: ActorConfig, dp_size: int) -> CriticConfig:

@@ -28,9 +28,9 @@ class KlCtrlConfig(ConfigModel):
 class RolloutCorrectionConfig(ConfigModel):
     """Off-policy handling of the rollout engine's log-probs."""
 
-    bypass_mode: bool = Field(
-        False,
-        description="Use rollout_log_probs as old_log_probs instead of recomputing them (every rollout returns them) (bool)",
+    bypass_mode: bool | None = Field(
+        None,
+        description="Use rollout_log_probs as old_log_probs instead of recomputing them (every rollout returns them); null = true where the rollout backend's log-probs are the actor's own before the step's update (hf), false otherwise (vllm) [ppoflow: verl's default is false] (bool)",
     )
 
 

@@ -4,14 +4,15 @@ A :class:`RolloutBackendSpec` holds the function that generates one response per
 actor worker, and what the backend needs from the rest of the config, so the config checks and
 the engine builder ask the entry instead of comparing the name:
 
-==========  =================================  ============================  =====================
-name        generates with                     max_tensor_parallel_size      needs_in_process_actor
-==========  =================================  ============================  =====================
-``hf``      HF ``generate`` on the actor's     1                             False
+==========  ==============================  =========================  ======================  ====================
+name        generates with                  max_tensor_parallel_size   needs_in_process_actor  log_probs_are_actors
+==========  ==============================  =========================  ======================  ====================
+``hf``      HF ``generate`` on the actor's  1                          False                   True
             own module (newest weights)
-``vllm``    a vLLM engine beside the actor,    any (must divide the devices) True
-            sent the weights after updates
-==========  =================================  ============================  =====================
+``vllm``    a vLLM engine beside the        any (must divide the       True                    False
+            actor, sent the weights after   devices)
+            updates
+==========  ==============================  =========================  ======================  ====================
 
 Importing this module imports neither transformers nor vLLM; each ``generate`` imports its
 engine on use.
@@ -19,6 +20,8 @@ engine on use.
 Example:
     >>> ROLLOUT_BACKENDS.get("hf").max_tensor_parallel_size, ROLLOUT_BACKENDS.get("vllm").needs_in_process_actor
     (1, True)
+    >>> ROLLOUT_BACKENDS.get("hf").log_probs_are_actors, ROLLOUT_BACKENDS.get("vllm").log_probs_are_actors
+    (True, False)
 """
 
 from __future__ import annotations
@@ -46,11 +49,17 @@ class RolloutBackendSpec:
             with; None = any that divides the devices.
         needs_in_process_actor: its engine lives beside the actor's one rank in the driver
             process, so it needs a worker backend whose ranks run in the driver.
+        log_probs_are_actors: its ``rollout_log_probs`` are log softmax(raw logits /
+            temperature) of the actor's own module with the step's pre-update weights, the
+            quantity the old_log_prob stage recomputes; they differ from a recompute only by
+            float rounding (incremental decoding against one full forward), so
+            ``algorithm.rollout_correction.bypass_mode`` null reuses them.
     """
 
     generate: GenerateFn
     max_tensor_parallel_size: int | None
     needs_in_process_actor: bool
+    log_probs_are_actors: bool
 
 
 ROLLOUT_BACKENDS: Registry[RolloutBackendSpec] = Registry("rollout backend")
@@ -80,12 +89,18 @@ def _vllm_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
 ROLLOUT_BACKENDS.add(
     "hf",
     RolloutBackendSpec(
-        generate=_hf_generate, max_tensor_parallel_size=1, needs_in_process_actor=False
+        generate=_hf_generate,
+        max_tensor_parallel_size=1,
+        needs_in_process_actor=False,
+        log_probs_are_actors=True,
     ),
 )
 ROLLOUT_BACKENDS.add(
     "vllm",
     RolloutBackendSpec(
-        generate=_vllm_generate, max_tensor_parallel_size=None, needs_in_process_actor=True
+        generate=_vllm_generate,
+        max_tensor_parallel_size=None,
+        needs_in_process_actor=True,
+        log_probs_are_actors=False,  # its own kernels (and dtype): the recompute is the actor's
     ),
 )

@@ -73,8 +73,7 @@ def bad_value(path: Path) -> None:
 
 
 JOURNAL, CONFIG, RUN_INFO = "run/step_1/journal.json", "run/config.json", "run/run_info.json"
-TRUNCATED_JOURNAL = ("step_1/journal.json: the journal for step 1 is not valid JSON "
-                     "(Unterminated string")  # fmt: skip
+TRUNCATED_JOURNAL = "step_1/journal.json: the journal for step 1 is not valid JSON ("
 TRUNCATED_CONFIG = "run/config.json: the config.json is not valid JSON ("
 
 # (test id, what the input is, file under the finished root, damage, command, exit, needles);

@@ -172,6 +172,7 @@ def rollout_backend():
             generate=lambda worker, prompts, settings: prompts,
             max_tensor_parallel_size=2,
             needs_in_process_actor=False,
+            log_probs_are_actors=False,
         ),
     )
     yield "test_tp2"
@@ -188,3 +189,21 @@ def test_tensor_parallelism_is_bounded_by_the_backend_entry(rollout_backend) -> 
     ):
         _load(f"actor_rollout_ref.rollout.name={name}", f"{tp}=4")
     assert _load(f"{tp}=4").actor_rollout_ref.rollout.name == "vllm"  # no limit
+
+
+BYPASS = "algorithm.rollout_correction.bypass_mode"
+
+
+def bypass(*overrides: str) -> bool:
+    tp1 = "actor_rollout_ref.rollout.tensor_model_parallel_size=1"  # the defaults' 2 is vLLM's
+    return _load(tp1, *overrides).algorithm.rollout_correction.bypass_mode
+
+
+def test_old_log_probs_reuse_the_rollouts_where_the_backend_says_they_are_the_actors(
+    rollout_backend,
+) -> None:
+    assert bypass("actor_rollout_ref.rollout.name=hf") is True
+    assert bypass("actor_rollout_ref.rollout.name=vllm") is False  # verl's default
+    assert bypass(f"actor_rollout_ref.rollout.name={rollout_backend}") is False  # its entry
+    assert bypass("actor_rollout_ref.rollout.name=hf", f"{BYPASS}=false") is False  # as written
+    assert bypass("actor_rollout_ref.rollout.name=vllm", f"{BYPASS}=true") is True

@@ -71,6 +71,7 @@ def backends():
             generate=lambda worker, prompts, settings: ("generated", worker, settings),
             max_tensor_parallel_size=None,
             needs_in_process_actor=True,
+            log_probs_are_actors=False,
         ),
     )
     yield

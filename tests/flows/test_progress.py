@@ -82,3 +82,14 @@ def test_eta_is_nan_until_a_step_time_is_known_and_zero_at_the_last_step():
     assert math.isnan(progress.eta_seconds(1))
     progress.step(2, {"timing_s/step": 2.0})
     assert progress.eta_seconds(2) == 2.0 and progress.eta_seconds(3) == 0.0
+
+
+def test_a_kl_that_rounds_to_zero_prints_without_a_sign():
+    """Old log-probs reused from the rollout differ from the update's by float rounding, so the
+    first mini-batch's KL is a tiny negative or positive number: both print as 0.0000."""
+    con, out = console(terminal=False)
+    progress = Progress(2, console=con)
+    progress.step(1, step_metrics(0.5, 1.0, **{"actor/ppo_kl": -3e-7}))
+    progress.step(2, step_metrics(0.5, 1.0, **{"actor/ppo_kl": -0.0123}))
+    first, second = out.getvalue().splitlines()
+    assert "│ kl 0.0000 │" in first and "│ kl -0.0123 │" in second

@@ -126,6 +126,10 @@ def test_old_log_prob_bypass_copies_rollout_log_probs(rollout_batch, make_config
     assert list(delta.batch.keys()) == ["old_log_probs"]
 
 
+#: the hf rollout's default is bypass (its log-probs are the actor's): these test the recompute
+RECOMPUTE = "algorithm.rollout_correction.bypass_mode=false"
+
+
 def test_old_log_prob_reports_entropy_over_the_batch_and_drops_entropys(
     fake_engine, rollout_batch, make_config
 ):
@@ -136,7 +140,7 @@ def test_old_log_prob_reports_entropy_over_the_batch_and_drops_entropys(
         )
     )
     ctx = StageContext(
-        make_config("actor_rollout_ref.actor.loss_agg_mode=token-mean"), {"actor": actor}
+        make_config("actor_rollout_ref.actor.loss_agg_mode=token-mean", RECOMPUTE), {"actor": actor}
     )
     delta = old_log_prob_fn(rollout_batch, ctx)
     assert list(delta.batch.keys()) == ["old_log_probs"]
@@ -149,7 +153,7 @@ def test_old_log_prob_seq_mean_token_mean_entropy(fake_engine, rollout_batch, ma
     actor = fake_engine(
         compute_log_prob=lambda batch: delta_of(old_log_probs=torch.zeros(4, 3), entropys=entropys)
     )
-    cfg = make_config("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
+    cfg = make_config("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean", RECOMPUTE)
     ctx = StageContext(cfg, {"actor": actor})
     old_log_prob_fn(rollout_batch, ctx)
     # rows with tokens: means 2, 1, 4 (the empty row contributes nothing) → 7 / 3
