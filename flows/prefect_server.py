@@ -32,6 +32,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from flows.service_waits import PREFECT_STARTUP, startup_timeout_line
@@ -223,6 +225,22 @@ def started_ahead() -> TemporaryServer | None:
     return _started[0] if _started else None
 
 
+@contextmanager
+def no_heartbeats_to_own_server() -> Iterator[None]:
+    """Flow runs inside send no heartbeats when the server is the one :func:`start_ahead`
+    started. A heartbeat lets a lasting server mark a run that stopped answering as crashed;
+    this server ends with the process, so nobody reads them, and the end of each flow run
+    waits for the heartbeat thread's 1 s sleep (about 0.5 s at the end of a training). With a
+    configured server, or Prefect's own temporary one, Prefect's setting stands."""
+    if started_ahead() is None:
+        yield
+        return
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
+
+
 def describe_prefect(flow_run_name: str) -> str:
     """The Prefect phase's line: ``flow run 'NAME'``, after ``temporary server up in 6.2 s
     (started ahead)`` when :func:`start_ahead` started it."""
@@ -245,6 +263,7 @@ __all__ = [
     "can_start_ahead",
     "describe_prefect",
     "is_own_server",
+    "no_heartbeats_to_own_server",
     "start_ahead",
     "start_ahead_for",
     "started_ahead",

@@ -164,3 +164,41 @@ def running(pid: int) -> bool:
         return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
+
+
+def test_flow_runs_send_no_heartbeats_only_to_the_servers_own(monkeypatch):
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+
+    from flows.prefect_server import no_heartbeats_to_own_server
+
+    prefects = PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value()
+    with no_heartbeats_to_own_server():  # no server started ahead: Prefect's setting stands
+        assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == prefects
+    monkeypatch.setattr(prefect_server, "_started", [TemporaryServer.__new__(TemporaryServer)])
+    with no_heartbeats_to_own_server():
+        assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None
+    assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == prefects
+
+
+EXIT_HANDLERS_RUN = """
+import atexit, sys
+atexit.register(lambda: print("handler ran", flush=True))
+sys.argv = ["ppoflow", "--version"]
+from flows.entry import main
+main()
+"""
+
+
+def test_the_executable_exits_with_its_status_after_the_exit_handlers():
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_HANDLERS_RUN], cwd=REPO, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[0].startswith("ppoflow ")
+    assert done.stdout.splitlines()[-1] == "handler ran"
+    failed = subprocess.run(
+        [sys.executable, "-m", "flows", "inspect", "/nonexistent/run"], cwd=REPO,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert failed.returncode != 0 and failed.stderr.strip().startswith("error:")
