@@ -44,6 +44,8 @@ def quiet_prefect(verbose: bool) -> Iterator[None]:
     flow run's logs in the UI hold the progress lines; only the console drops their INFO lines.
     With Prefect's temporary server nobody reads those logs, so they are not made at all.
     """
+    from prefect import flow  # noqa: F401  Prefect applies its logging config on this import
+
     saved = {name: logging.getLogger(name).level for name in QUIET_LOGGERS if name != "prefect"}
     console_filter = _RunLinesOffConsole()
     if not verbose:

@@ -270,6 +270,7 @@ def test_sigterm_ends_the_run_cleanly_and_resume_continues_it(
         "--run-dir",
         str(run),
     ]
+    command[2] = "flows"  # the `ppoflow` executable: its temporary server must stop with it
     with process_group(command, home) as process:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while read_latest_step(checkpoints) is None:
@@ -289,9 +290,12 @@ def test_sigterm_ends_the_run_cleanly_and_resume_continues_it(
     (stopped,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert stopped.info.status == "KILLED"
 
-    resume = [sys.executable, "-m", "flows.cli", "resume", str(run),
+    resume = [sys.executable, "-m", "flows", "resume", str(run),
               f"trainer.total_training_steps={kept + 1}"]  # fmt: skip
     train_to_end(resume, home)
+    resumed_output = (home / "output.log").read_text(errors="replace")
+    assert "(started ahead)" in resumed_output  # the `ppoflow` executable's path
+    assert "| INFO    |" not in resumed_output, output_tail(home)  # no Prefect log lines
     assert RunStore(run).read_journal(kept + 1).status == "done"
     (resumed,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert resumed.info.run_id == stopped.info.run_id and resumed.info.status == "FINISHED"
