@@ -7,15 +7,18 @@ The same work on both sides: the demo task's data and the tiny model written by 
 commands into a temp directory, 64 prompts × 4 samples per step, at most 16 response tokens,
 one optimizer step per generation round in micro-batches of 16, AdamW at lr 3e-4 (betas
 0.9 / 0.999, weight decay 0.01, gradient clip 1.0, constant lr), no KL, fp32, 2 torch threads,
-CPU. ppoflow runs ``ppoflow train configs/demo-cpu.yaml`` as a user would (MLflow and console
+CPU. ppoflow runs ``ppoflow train configs/demo-cpu.yaml`` (as ``python -m flows``, the
+``ppoflow`` executable) as a user would (MLflow and console
 logging, 2 reward workers, Prefect's temporary server), without validation or checkpoints; TRL
 runs bench/trl_grpo_demo.py in the bench environment. Each run is a fresh process; the sides
 alternate (ppoflow, TRL, ppoflow, TRL, …).
 
 Per run: steady s/step (the median gap between consecutive step ends from step 3 on: ppoflow's
 ``step_<k>/journal.json`` written at the step's end, TRL's ``on_step_end``), spawn → first step
-end, last step end → exit, and the peak RSS of the largest process (GNU ``time``'s maximum
-resident set over the process and the children it waited for). Printed: the medians per side,
+end, last step end → exit, the peak RSS of the largest process (GNU ``time``'s maximum
+resident set over the process and the children it waited for), and the peak PSS of the whole
+process tree (sampled every 0.25 s: shared pages split between the processes mapping them, so
+the sum is what the tree costs the machine). Printed: the medians per side,
 the per-pair ratios ppoflow ÷ TRL (< 1: ppoflow faster), ppoflow's stage breakdown (its
 ``timing_s/*`` metrics), and the load average.
 """
@@ -34,20 +37,26 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[1]
 PPOFLOW_PY = REPO / ".venv" / "bin" / "python"
 BENCH_PY = REPO / ".venv-bench" / "bin" / "python"
+#: how often the process tree's PSS is sampled (s); each sample reads every process's smaps
+PSS_EVERY_S = 0.25
 STAGE_TIMERS = ("gen", "reward", "old_log_prob", "adv", "update_actor", "step")
 
 
 @dataclass
 class Run:
-    """One side's process: step end times (wall clock), spawn and exit times, peak RSS."""
+    """One side's process: step end times (wall clock), spawn and exit times, peak RSS of its
+    largest process, peak PSS of its whole process tree."""
 
     spawned: float
     exited: float
     step_ends: list[float]
     peak_rss_mib: float
+    peak_tree_pss_mib: float
     timings: dict[str, float] = field(default_factory=dict)  # ppoflow: median timing_s/*
 
     @property
@@ -64,19 +73,37 @@ class Run:
         return self.exited - self.step_ends[-1]
 
 
-def timed(command: list[str], env: dict[str, str], log: Path) -> tuple[float, float, float]:
-    """(spawn wall time, exit wall time, peak RSS MiB) of ``command`` under GNU time."""
+def tree_pss_mib(root: psutil.Process) -> float:
+    """The proportional set size of ``root`` and all its descendants (MiB): each shared page
+    counted once across the tree, split between the processes that map it."""
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            total += process.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return total / 2**20
+
+
+def timed(command: list[str], env: dict[str, str], log: Path) -> tuple[float, float, float, float]:
+    """(spawn wall time, exit wall time, peak RSS MiB, peak tree PSS MiB) of ``command`` under
+    GNU time; the tree's PSS is sampled every :data:`PSS_EVERY_S` seconds."""
     spawned = time.time()
+    peak_pss = 0.0
     with log.open("w") as out:
-        done = subprocess.run(
+        process = subprocess.Popen(
             ["/usr/bin/time", "-v", *command], env=env, stdout=out, stderr=subprocess.STDOUT
         )
+        watched = psutil.Process(process.pid)
+        while process.poll() is None:
+            peak_pss = max(peak_pss, tree_pss_mib(watched))
+            time.sleep(PSS_EVERY_S)
     exited = time.time()
     text = log.read_text()
-    if done.returncode != 0:
-        raise RuntimeError(f"{command[:3]} exited {done.returncode}; see {log}:\n{text[-3000:]}")
+    if process.returncode != 0:
+        raise RuntimeError(f"{command[:3]} exited {process.returncode}; see {log}:\n{text[-3000:]}")
     peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1))
-    return spawned, exited, peak / 1024
+    return spawned, exited, peak / 1024, peak_pss
 
 
 def run_ppoflow(work: Path, steps: int, index: int, extra: list[str]) -> Run:
@@ -94,10 +121,10 @@ def run_ppoflow(work: Path, steps: int, index: int, extra: list[str]) -> Run:
         f"ppoflow.mlflow_tracking_uri=sqlite:///{work}/mlflow.db",
         *extra,
     ]
-    command = [str(PPOFLOW_PY), "-m", "flows.cli", "train", "configs/demo-cpu.yaml", *overrides]
+    command = [str(PPOFLOW_PY), "-m", "flows", "train", "configs/demo-cpu.yaml", *overrides]
     command += ["--run-dir", str(run_dir)]
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PREFECT_HOME": str(work / "prefect-home")}
-    spawned, exited, peak = timed(command, env, work / f"ppoflow-{index}.log")
+    spawned, exited, peak, pss = timed(command, env, work / f"ppoflow-{index}.log")
     journals = [json.loads((run_dir / f"step_{k}" / "journal.json").read_text()) for k in range(1, steps + 1)]  # fmt: skip
     ends = [(run_dir / f"step_{k}" / "journal.json").stat().st_mtime for k in range(1, steps + 1)]
     timings = {
@@ -105,7 +132,7 @@ def run_ppoflow(work: Path, steps: int, index: int, extra: list[str]) -> Run:
         for name in STAGE_TIMERS
         if all(f"timing_s/{name}" in j["metrics"] for j in journals[2:])
     }
-    return Run(spawned, exited, ends, peak, timings)
+    return Run(spawned, exited, ends, peak, pss, timings)
 
 
 def run_trl(work: Path, steps: int, index: int) -> Run:
@@ -120,10 +147,10 @@ def run_trl(work: Path, steps: int, index: int) -> Run:
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     env["HF_HOME"] = str(work / "hf-home")
-    spawned, exited, peak = timed(command, env, work / f"trl-{index}.log")
+    spawned, exited, peak, pss = timed(command, env, work / f"trl-{index}.log")
     records = [json.loads(line) for line in out.read_text().splitlines()]
     ends = [r["wall"] for r in records if "step" in r]
-    return Run(spawned, exited, ends, peak)
+    return Run(spawned, exited, ends, peak, pss)
 
 
 def describe(name: str, runs: list[Run]) -> str:
@@ -134,7 +161,8 @@ def describe(name: str, runs: list[Run]) -> str:
         f"  {name:<8} s/step {med(r.s_per_step for r in runs):6.3f}   spawn→first step "
         f"{med(r.to_first_step for r in runs):5.1f} s   last step→exit "
         f"{med(r.exit_after_last for r in runs):4.1f} s   peak RSS "
-        f"{med(r.peak_rss_mib for r in runs):6.0f} MiB"
+        f"{med(r.peak_rss_mib for r in runs):6.0f} MiB   process tree PSS "
+        f"{med(r.peak_tree_pss_mib for r in runs):6.0f} MiB"
     )
 
 
