@@ -1,13 +1,15 @@
 """TRL's GRPOTrainer on ppoflow's demo work: the baseline side of bench/vs_trl.py.
 
     .venv-bench/bin/python bench/trl_grpo_demo.py --model DIR --data FILE --steps N --out FILE
+        [--n 4] [--completions 256] [--micro 16] [--max-tokens 16]
 
 Run in the bench environment (``make bench-trl-env``: TRL 1.16 and the same transformers and
 torch as ppoflow's environment); ppoflow is not imported, only the demo task's scorer
 (``stages/data/demo_task.py``, standard library only) is loaded from its file. The work matches
-``configs/demo-cpu.yaml`` as bench/vs_trl.py runs it: 64 prompts × 4 samples per step (256
-completions of at most 16 tokens, temperature 1), one optimizer step per generation round in
-16 micro-batches of 16 (gradient accumulation), AdamW at lr 3e-4 with verl's defaults
+``configs/demo-cpu.yaml`` as bench/vs_trl.py runs it (the defaults; bench/vs_trl.py's
+``--size compute`` passes its own): 64 prompts × 4 samples per step (256 completions of at most
+16 tokens, temperature 1), one optimizer step per generation round in 16 micro-batches of 16
+(gradient accumulation), AdamW at lr 3e-4 with verl's defaults
 (betas 0.9 / 0.999, weight decay 0.01, gradient clip 1.0, constant lr), no KL (β 0), group-std
 scaled advantages, token-mean loss (TRL's ``dapo``), clip ε 0.2, fp32, CPU.
 
@@ -75,17 +77,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--n", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--completions", type=int, default=256, help="completions per step")
+    parser.add_argument("--micro", type=int, default=16, help="completions per micro-batch")
+    parser.add_argument("--max-tokens", type=int, default=16, help="max completion tokens")
     args = parser.parse_args()
+    if args.completions % args.micro or args.completions % args.n:
+        parser.error("--completions must be a multiple of --micro and of --n")
     torch.set_num_threads(2)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     dataset = load_dataset("parquet", data_files=args.data, split="train")
     config = GRPOConfig(
         output_dir=str(Path(args.out).parent / "trl-output"),
-        per_device_train_batch_size=16,
-        gradient_accumulation_steps=16,  # 256 completions per optimizer step
-        num_generations=4,
-        max_completion_length=16,
+        per_device_train_batch_size=args.micro,
+        gradient_accumulation_steps=args.completions // args.micro,  # one optimizer step
+        num_generations=args.n,
+        max_completion_length=args.max_tokens,
         temperature=1.0,
         num_iterations=1,
         beta=0.0,

@@ -1,11 +1,13 @@
 """ppoflow's demo training vs TRL's GRPOTrainer on the same work, interleaved.
 
     make bench-trl-env     # once: .venv-bench with TRL 1.16 (never a ppoflow dependency)
-    .venv/bin/python bench/vs_trl.py [--pairs 3] [--steps 12] [--override KEY=VALUE …]
+    .venv/bin/python bench/vs_trl.py [--pairs 3] [--steps 12] [--size demo|compute] [--override KEY=VALUE …]
 
 The same work on both sides: the demo task's data and the tiny model written by ppoflow's own
-commands into a temp directory, 64 prompts × 4 samples per step, at most 16 response tokens,
-one optimizer step per generation round in micro-batches of 16, AdamW at lr 3e-4 (betas
+commands into a temp directory, 64 prompts × 4 samples per step, at most 16 response tokens
+(``--size compute``: a 3.2M-parameter model, 16 prompts × 8 samples of at most 64 tokens,
+prompts of 12–35 tokens; :data:`SIZES`), one optimizer step per generation round in
+micro-batches of 16, AdamW at lr 3e-4 (betas
 0.9 / 0.999, weight decay 0.01, gradient clip 1.0, constant lr), no KL, fp32, 2 torch threads,
 CPU. ppoflow runs ``ppoflow train configs/demo-cpu.yaml`` (as ``python -m flows``, the
 ``ppoflow`` executable) as a user would (MLflow and console
@@ -44,6 +46,36 @@ PPOFLOW_PY = REPO / ".venv" / "bin" / "python"
 BENCH_PY = REPO / ".venv-bench" / "bin" / "python"
 #: how often the process tree's PSS is sampled (s); each sample reads every process's smaps
 PSS_EVERY_S = 0.25
+
+
+@dataclass(frozen=True)
+class Size:
+    """One work size: the model and data commands' options and each side's settings for it."""
+
+    model_options: tuple[str, ...]
+    data_options: tuple[str, ...]
+    ppoflow_overrides: tuple[str, ...]
+    trl_options: tuple[str, ...]
+
+
+SIZES = {
+    # the demo's work: configs/demo-cpu.yaml as shipped
+    "demo": Size((), (), (), ()),
+    # compute-bound: a 3.2M-parameter model, 16 prompts × 8 samples of up to 64 tokens, prompts
+    # of varied length (answers of 1–24 letters: 12–35 prompt tokens)
+    "compute": Size(
+        ("--hidden-size", "256", "--layers", "4", "--intermediate-size", "768"),
+        ("--answer-length", "1", "--max-answer-length", "24"),
+        (
+            "data.train_batch_size=16",
+            "actor_rollout_ref.rollout.n=8",
+            "data.max_response_length=64",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        ),
+        ("--n", "8", "--completions", "128", "--micro", "16", "--max-tokens", "64"),
+    ),
+}
 STAGE_TIMERS = ("gen", "reward", "old_log_prob", "adv", "update_actor", "step")
 
 
@@ -106,7 +138,9 @@ def timed(command: list[str], env: dict[str, str], log: Path) -> tuple[float, fl
     return spawned, exited, peak / 1024, peak_pss
 
 
-def run_ppoflow(work: Path, steps: int, index: int, extra: list[str]) -> Run:
+def run_ppoflow(
+    work: Path, steps: int, index: int, extra: list[str], python: Path = PPOFLOW_PY
+) -> Run:
     run_dir = work / f"ppoflow-run-{index}"
     overrides = [
         f"data.train_files=[{work}/demo/data/train.parquet]",
@@ -121,7 +155,7 @@ def run_ppoflow(work: Path, steps: int, index: int, extra: list[str]) -> Run:
         f"ppoflow.mlflow_tracking_uri=sqlite:///{work}/mlflow.db",
         *extra,
     ]
-    command = [str(PPOFLOW_PY), "-m", "flows", "train", "configs/demo-cpu.yaml", *overrides]
+    command = [str(python), "-m", "flows", "train", "configs/demo-cpu.yaml", *overrides]
     command += ["--run-dir", str(run_dir)]
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PREFECT_HOME": str(work / "prefect-home")}
     spawned, exited, peak, pss = timed(command, env, work / f"ppoflow-{index}.log")
@@ -135,7 +169,7 @@ def run_ppoflow(work: Path, steps: int, index: int, extra: list[str]) -> Run:
     return Run(spawned, exited, ends, peak, pss, timings)
 
 
-def run_trl(work: Path, steps: int, index: int) -> Run:
+def run_trl(work: Path, steps: int, index: int, options: tuple[str, ...] = ()) -> Run:
     out = work / f"trl-{index}.jsonl"
     command = [
         str(BENCH_PY),
@@ -144,6 +178,7 @@ def run_trl(work: Path, steps: int, index: int) -> Run:
         "--data", str(work / "demo" / "data" / "train.parquet"),
         "--steps", str(steps),
         "--out", str(out),
+        *options,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     env["HF_HOME"] = str(work / "hf-home")
@@ -170,6 +205,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--size", choices=sorted(SIZES), default="demo")
+    parser.add_argument(
+        "--ppoflow-python",
+        type=Path,
+        default=PPOFLOW_PY,
+        help="ppoflow's interpreter, e.g. .venv-vllm/bin/python with "
+        "--override actor_rollout_ref.rollout.name=vllm (vLLM's CPU build)",
+    )
     parser.add_argument(
         "--override",
         action="append",
@@ -184,18 +227,20 @@ def main() -> None:
         sys.exit("error: --steps must be at least 5 (steady s/step is measured from step 3)")
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         work = Path(tmp)
-        for command in (["make-demo-data", f"{work}/demo/data"], ["make-tiny-model", f"{work}/demo/model"]):  # fmt: skip
+        size = SIZES[args.size]
+        for command in (["make-demo-data", f"{work}/demo/data", *size.data_options], ["make-tiny-model", f"{work}/demo/model", *size.model_options]):  # fmt: skip
             subprocess.run([str(PPOFLOW_PY), "-m", "flows.cli", *command], check=True, cwd=REPO, capture_output=True)  # fmt: skip
         ours: list[Run] = []
         theirs: list[Run] = []
         for index in range(args.pairs):
-            ours.append(run_ppoflow(work, args.steps, index, args.override))
-            theirs.append(run_trl(work, args.steps, index))
+            ours.append(run_ppoflow(work, args.steps, index, [*size.ppoflow_overrides, *args.override], args.ppoflow_python))  # fmt: skip
+            theirs.append(run_trl(work, args.steps, index, size.trl_options))
             print(f"pair {index + 1}: ppoflow {ours[-1].s_per_step:.3f} s/step, TRL "
                   f"{theirs[-1].s_per_step:.3f} s/step", flush=True)  # fmt: skip
-    print(f"\n{args.pairs} pairs × {args.steps} steps, load average {os.getloadavg()[0]:.2f}")
-    if args.override:
-        print(f"  ppoflow overrides: {' '.join(args.override)}")
+    print(f"\n{args.size} size, {args.pairs} pairs × {args.steps} steps, load average "
+          f"{os.getloadavg()[0]:.2f}")  # fmt: skip
+    if args.override or args.ppoflow_python != PPOFLOW_PY:
+        print(f"  ppoflow: {args.ppoflow_python} {' '.join(args.override)}")
     print(describe("ppoflow", ours))
     print(describe("TRL", theirs))
     for what, key in (("s/step", "s_per_step"), ("spawn→first step", "to_first_step")):

@@ -117,18 +117,32 @@ def make_demo_rows(
     seed: int,
     split: str,
     answer_length: int = 1,
+    max_answer_length: int | None = None,
     alphabet: str = DEFAULT_ALPHABET,
 ) -> list[dict[str, Any]]:
-    """``n`` verl-layout records of the demo task, drawn from ``random.Random(seed)``."""
-    if n < 0 or answer_length < 1 or len(alphabet) < 2 or len(set(alphabet)) != len(alphabet):
+    """``n`` verl-layout records of the demo task, drawn from ``random.Random(seed)``.
+
+    Each answer has ``answer_length`` letters, or with ``max_answer_length`` a length drawn
+    uniformly from ``answer_length … max_answer_length`` per row (prompts of varied lengths, as
+    real data has; the draw comes before the row's letters, so without it the rows are the
+    same as before the option existed)."""
+    longest = answer_length if max_answer_length is None else max_answer_length
+    if (
+        n < 0
+        or not 1 <= answer_length <= longest
+        or len(alphabet) < 2
+        or len(set(alphabet)) != len(alphabet)
+    ):
         raise ValueError(
-            f"need n >= 0, answer_length >= 1 and >= 2 letters without repeats; got n={n}, "
-            f"answer_length={answer_length}, alphabet={alphabet!r}"
+            f"need n >= 0, 1 <= answer_length <= max_answer_length and >= 2 letters without "
+            f"repeats; got n={n}, answer_length={answer_length}, "
+            f"max_answer_length={max_answer_length}, alphabet={alphabet!r}"
         )
     rng = random.Random(seed)
     rows = []
     for index in range(n):
-        answer = "".join(rng.choice(alphabet) for _ in range(answer_length))
+        length = answer_length if max_answer_length is None else rng.randint(answer_length, longest)
+        answer = "".join(rng.choice(alphabet) for _ in range(length))
         rows.append(
             {
                 "data_source": DATA_SOURCE,
@@ -148,6 +162,7 @@ def make_demo_data(
     n_val: int = 64,
     seed: int = 0,
     answer_length: int = 1,
+    max_answer_length: int | None = None,
     alphabet: str = DEFAULT_ALPHABET,
 ) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` of the demo task; return their paths.
@@ -166,7 +181,12 @@ def make_demo_data(
         (paths[1], n_val, seed + 1, "val"),
     ):
         rows = make_demo_rows(
-            n, seed=split_seed, split=split, answer_length=answer_length, alphabet=alphabet
+            n,
+            seed=split_seed,
+            split=split,
+            answer_length=answer_length,
+            max_answer_length=max_answer_length,
+            alphabet=alphabet,
         )
         write_prompt_rows(path, rows)
     return paths
