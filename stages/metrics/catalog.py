@@ -194,7 +194,9 @@ _ENTRIES = [
     ),
     (
         "actor/entropy",
-        "Mean token entropy of the current policy, measured in the old_log_prob pass.",
+        "Mean token entropy of the current policy, measured in the old_log_prob pass; not "
+        "logged when that pass does not run (algorithm.rollout_correction.bypass_mode, the hf "
+        "rollout's default).",
         "the actor's loss_agg_mode over the whole batch's response tokens (dp = 1)",
         "old_log_prob",
     ),
@@ -409,7 +411,6 @@ STEP_METRICS = {
         "perf/total_num_tokens",
         "perf/time_per_step",
         "perf/throughput",
-        "actor/entropy",
         "reward/error_count",
         "reward/timeout_count",
         "reward/invalid_count",
@@ -423,6 +424,7 @@ STEP_METRICS = {
         "actor/grad_norm",
         "actor/lr",
     ),
+    "old_log_prob_recompute": ("actor/entropy",),
     "balance": ("timing_s/balance", "global_seqlen/{seqlen_stat}"),
     "critic": (
         "critic/values/{stat}",
@@ -474,13 +476,16 @@ def step_metric_names(
     use_kl_loss: bool,
     updates_actor: bool = True,
     remax: bool = False,
+    recomputes_old_log_probs: bool = True,
 ) -> list[str]:
     """The names a PPO step with these settings logs every step (:data:`STEP_METRICS`).
 
     The flags are the config's (``cfg.derived.use_critic``, ``cfg.derived.use_reference_policy``,
     ``trainer.balance_batch``, ``algorithm.use_kl_in_reward``, ``actor.use_kl_loss``);
     ``updates_actor`` is False for the steps before ``trainer.critic_warmup``; ``remax`` is the
-    estimator entry's ``needs_greedy_baseline`` (ReMax's baseline stages run). Multi-turn and
+    estimator entry's ``needs_greedy_baseline`` (ReMax's baseline stages run);
+    ``recomputes_old_log_probs`` is ``not algorithm.rollout_correction.bypass_mode`` (the actor's
+    old_log_prob pass, which measures ``actor/entropy``, runs). Multi-turn and
     tool-call statistics, validation and MFU metrics are not every-step metrics and are not listed.
 
     Example:
@@ -498,6 +503,7 @@ def step_metric_names(
         "kl_in_reward": use_kl_in_reward,
         "kl_loss": use_kl_loss and updates_actor,
         "remax": remax,
+        "old_log_prob_recompute": recomputes_old_log_probs,
     }
     return [
         name

@@ -270,14 +270,21 @@ def task_run_names(api_url: str, flow_run_id: str, expected: set[str]) -> set[st
 
 
 def wait_for_end(api_url: str, flow_run_id: str, worker: subprocess.Popen, log: Path) -> dict:
-    """Poll the flow run until its state is terminal; fail if the worker (``--run-once``) has
-    exited without ending it or the run outlasts RUN_S."""
+    """Poll the flow run until its state is terminal, then wait for the worker (``--run-once``)
+    to exit by itself: the flow run's process sets the final state before it exits, and sends
+    its last log lines on its way out (a worker stopped at once kills it mid-send, and a short
+    run's progress lines never reach the server). Fail if the worker exited without ending the
+    run, or the run outlasts RUN_S."""
     deadline = time.monotonic() + RUN_S
     while True:
         worker_done = worker.poll() is not None  # before the read: a run it ran has ended
         run = api_get(f"{api_url}/flow_runs/{flow_run_id}")
         state = (run or {}).get("state") or {}
         if state.get("type") in TERMINAL:
+            try:
+                worker.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the worker did not exit after flow run {flow_run_id}:\n{tail(log)}")
             return run
         if worker_done:
             pytest.fail(

@@ -27,7 +27,8 @@ from stages.metrics.naming import restore_metric_name, sanitize_metric_name
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "demo-cpu.yaml"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-FLAGS = ("use_critic", "use_reference_policy", "balance_batch", "use_kl_in_reward", "use_kl_loss")
+FLAGS = ("use_critic", "use_reference_policy", "balance_batch", "use_kl_in_reward", "use_kl_loss",
+         "recomputes_old_log_probs")  # fmt: skip
 
 
 #: 2 steps, validation before training and at step 2, 3 generations logged per validation
@@ -71,8 +72,10 @@ def test_mlflow_run_holds_registry_metrics_params_and_artifacts(
         balance_batch=cfg.trainer.balance_batch,
         use_kl_in_reward=cfg.algorithm.use_kl_in_reward,
         use_kl_loss=cfg.actor_rollout_ref.actor.use_kl_loss,
+        recomputes_old_log_probs=not cfg.algorithm.rollout_correction.bypass_mode,
     )
     assert "actor/ppo_kl" in expected and "critic/vf_loss" not in expected
+    assert "actor/entropy" not in expected  # the hf rollout's old log-probs are reused
     for name in expected:
         logged = client.get_metric_history(run.info.run_id, sanitize_metric_name(name))
         assert [m.step for m in logged] == [1, 2], name

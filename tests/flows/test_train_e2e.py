@@ -131,7 +131,7 @@ def test_resume_continues_like_an_uninterrupted_run(demo_inputs, tmp_path, tiny_
     )
     assert len(second.history) == 1 and second.history[0]["training/global_step"] == 3.0
     expected, got = first.history[2], second.history[0]
-    for name in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+    for name in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl"):
         assert got[name] == pytest.approx(expected[name], rel=1e-6, abs=1e-7), name
     a, b = RunStore(first.run_dir), RunStore(second.run_dir)
     responses = [load_artifact(s.artifact_path(3, "rollout")).batch["responses"] for s in (a, b)]
