@@ -147,7 +147,7 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
     """Run the train flow with the start-up output of flows/startup.py: a header line naming
     the build, ``source`` and the run directory; the phases from Prefect's start on; library
     output in ``<run_dir>/ppoflow.log`` until the first step, unless ``verbose``."""
-    from flows.prefect_server import no_heartbeats_to_own_server, started_ahead
+    from flows.prefect_server import own_server_settings, started_ahead
     from flows.startup import log_file_for, startup_output
     from flows.stop_signals import exit_code, is_stop, stop_line, stop_on_signals
     from flows.train import default_run_dir, train
@@ -163,7 +163,7 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
                 server = started_ahead()
                 if server is not None:  # launched before the imports; up by now, mostly
                     server.wait_ready()
-                with no_heartbeats_to_own_server():
+                with own_server_settings():
                     return train(cfg, [], run_dir)
         except BaseException as err:
             if not is_stop(err):

@@ -78,7 +78,13 @@ class TemporaryServer:
         return f"http://127.0.0.1:{self.port}/api"
 
     def _launch(self) -> None:
+        """Launch on a port free now; when this process points at this server (:func:`start_ahead`),
+        its variables follow a relaunch onto a new port (:func:`own_server_settings` hands the new
+        URL to Prefect, which read the old one when it was imported)."""
+        pointed_here = self.port and os.environ.get(OWN_SERVER) == self.api_url
         self.port = free_port()
+        if pointed_here:
+            os.environ["PREFECT_API_URL"] = os.environ[OWN_SERVER] = self.api_url
         env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", OWN_SERVER)}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -183,8 +189,9 @@ def can_start_ahead() -> bool:
 
 
 def _profile_api_url() -> bool:
-    """Whether the active Prefect profile sets an API URL (read as text: importing Prefect to
-    ask would take the start this module saves)."""
+    """Whether Prefect's profiles file sets an API URL in any profile (read as text, so any
+    mention counts and Prefect's own path decides: importing Prefect to ask which profile is
+    active would cost the start this module saves)."""
     home = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser()
     profiles = Path(os.environ.get("PREFECT_PROFILES_PATH", home / "profiles.toml"))
     try:
@@ -226,18 +233,25 @@ def started_ahead() -> TemporaryServer | None:
 
 
 @contextmanager
-def no_heartbeats_to_own_server() -> Iterator[None]:
-    """Flow runs inside send no heartbeats when the server is the one :func:`start_ahead`
-    started. A heartbeat lets a lasting server mark a run that stopped answering as crashed;
-    this server ends with the process, so nobody reads them, and the end of each flow run
-    waits for the heartbeat thread's 1 s sleep (about 0.5 s at the end of a training). With a
-    configured server, or Prefect's own temporary one, Prefect's setting stands."""
-    if started_ahead() is None:
+def own_server_settings() -> Iterator[None]:
+    """Inside, flow runs talk to the server :func:`start_ahead` started, at its current URL (a
+    port taken meanwhile moves it, after Prefect read ``PREFECT_API_URL``), and send it no
+    heartbeats. A heartbeat lets a lasting server mark a run that stopped answering as crashed;
+    this server ends with the process, so nobody reads them, and the end of each flow run waits
+    for the heartbeat thread's 1 s sleep (about 0.5 s at the end of a training). With a
+    configured server, or Prefect's own temporary one, Prefect's settings stand."""
+    server = started_ahead()
+    if server is None:
         yield
         return
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
 
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    updates = {PREFECT_API_URL: server.api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    with temporary_settings(updates=updates):
         yield
 
 
@@ -263,7 +277,7 @@ __all__ = [
     "can_start_ahead",
     "describe_prefect",
     "is_own_server",
-    "no_heartbeats_to_own_server",
+    "own_server_settings",
     "start_ahead",
     "start_ahead_for",
     "started_ahead",

@@ -110,9 +110,14 @@ def test_the_op_table_is_restored_and_larger_worlds_keep_the_op():
         assert table.get(SHARED_MEMORY_OP, False) == before
 
 
-def test_each_python_environment_builds_ops_in_its_own_directory():
+def test_each_python_environment_builds_ops_in_its_own_directory(tmp_path):
     from stages.engines.deepspeed_setup import extensions_dir
 
-    main, bench = extensions_dir("/work/p/.venv"), extensions_dir("/work/p/.venv-bench")
+    main, bench = (
+        extensions_dir(str(tmp_path / ".venv")),
+        extensions_dir(str(tmp_path / ".venv-bench")),
+    )
     assert main != bench and main.parent == bench.parent
-    assert main.name.startswith("ppoflow-.venv-") and extensions_dir("/work/p/.venv") == main
+    assert (
+        main.name.startswith("ppoflow-.venv-") and extensions_dir(str(tmp_path / ".venv")) == main
+    )

@@ -167,17 +167,57 @@ def running(pid: int) -> bool:
 
 
 def test_flow_runs_send_no_heartbeats_only_to_the_servers_own(monkeypatch):
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
-    from flows.prefect_server import no_heartbeats_to_own_server
+    from flows.prefect_server import own_server_settings
 
-    prefects = PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value()
-    with no_heartbeats_to_own_server():  # no server started ahead: Prefect's setting stands
-        assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == prefects
-    monkeypatch.setattr(prefect_server, "_started", [TemporaryServer.__new__(TemporaryServer)])
-    with no_heartbeats_to_own_server():
+    prefects = PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value(), PREFECT_API_URL.value()
+    with own_server_settings():  # no server started ahead: Prefect's settings stand
+        assert (PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value(), PREFECT_API_URL.value()) == prefects
+    server = TemporaryServer.__new__(TemporaryServer)
+    server.port = 4321
+    monkeypatch.setattr(prefect_server, "_started", [server])
+    with own_server_settings():
         assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None
-    assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == prefects
+        assert PREFECT_API_URL.value() == "http://127.0.0.1:4321/api"
+    assert (PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value(), PREFECT_API_URL.value()) == prefects
+
+
+#: the first launch exits as uvicorn does when its port is taken; the second answers /api/health
+PORT_TAKEN_THEN_SERVE = """
+import http.server, sys
+from pathlib import Path
+marker = Path(sys.argv[1])
+if not marker.exists():
+    marker.write_text("launched")
+    sys.exit(3)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/api/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), Health).serve_forever()
+"""
+
+
+def test_a_port_taken_meanwhile_moves_the_server_and_the_processs_url(monkeypatch, tmp_path):
+    class MovingServer(TemporaryServer):
+        def command(self) -> list[str]:
+            marker = tmp_path / "first-launch"
+            return [sys.executable, "-c", PORT_TAKEN_THEN_SERVE, str(marker), str(self.port)]
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv(OWN_SERVER, raising=False)
+    server = MovingServer(str(tmp_path / "server.log"))
+    monkeypatch.setenv("PREFECT_API_URL", server.api_url)  # as start_ahead points the process
+    monkeypatch.setenv(OWN_SERVER, server.api_url)
+    try:
+        server.wait_ready(timeout_s=60)
+        assert (tmp_path / "first-launch").exists()  # the first launch exited 3: relaunched
+        assert os.environ["PREFECT_API_URL"] == os.environ[OWN_SERVER] == server.api_url
+    finally:
+        server.stop()
 
 
 EXIT_HANDLERS_RUN = """
