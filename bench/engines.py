@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 import tempfile
 import time
@@ -38,9 +37,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault(
-    "TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ppoflow-torch-extensions")
-)
 
 from tensordict import TensorDict
 from transformers.utils import logging as hf_logging

@@ -34,9 +34,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault(
-    "TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ppoflow-torch-extensions")
-)
 
 from tensordict import TensorDict
 

@@ -69,9 +69,6 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network
 # Prefect's default (20 s) is too short for the temporary server on a busy 2-core machine
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault(
-    "TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ppoflow-torch-extensions")
-)
 
 import torch
 from prefect.results import ResultStore

@@ -60,9 +60,6 @@ os.environ.setdefault(
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network calls
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault(
-    "TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ppoflow-torch-extensions")
-)
 
 import torch
 from prefect.context import SettingsContext, get_settings_context

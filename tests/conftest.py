@@ -21,10 +21,6 @@ os.environ["PREFECT_HOME"] = str(_SESSION_TMP / "prefect-home")
 os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = str(_SESSION_TMP / "prefect-results")
 os.environ["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED"] = "false"
 os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_SESSION_TMP / 'mlflow.db'}"
-# DeepSpeed's JIT-compiled ops are expensive (~30 s); reuse them across runs when the user has a cache.
-os.environ.setdefault(
-    "TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ppoflow-torch-extensions")
-)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
