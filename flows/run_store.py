@@ -316,13 +316,20 @@ class RunStore:
 
     def remove_temp_files(self) -> list[str]:
         """Delete what interrupted writes left in a local run directory (``.tmp-*`` files of the
-        journals and JSON records, ``.<stage>.tmp-*`` artifact folders in the step folders);
-        returns their paths. Call it only while holding the run's lock (flows/run_lock.py):
-        another writer's temporaries look the same."""
+        journals and JSON records, ``.<stage>.tmp-*`` artifact folders in the step folders) and
+        in its cache directory (``.<key>.tmp-*`` files of the stage-task cache records and their
+        ``refs/``); returns their paths. Call it only while holding the run's lock
+        (flows/run_lock.py): another writer's temporaries look the same."""
         if not self.is_local or not os.path.isdir(self.root):
             return []
-        root = Path(self.root)
-        found = [*root.glob(".tmp-*"), *root.glob("step_*/.tmp-*"), *root.glob("step_*/.*.tmp-*")]
+        root, cache = Path(self.root), Path(self.cache_dir)
+        found = [
+            *root.glob(".tmp-*"),
+            *root.glob("step_*/.tmp-*"),
+            *root.glob("step_*/.*.tmp-*"),
+            *cache.glob(".*.tmp-*"),
+            *cache.glob("*/.*.tmp-*"),
+        ]
         for path in found:
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

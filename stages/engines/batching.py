@@ -37,14 +37,15 @@ class MicroBatching:
 
         Under a token budget with several data-parallel ranks, every rank uses the same number of
         micro-batches (the largest any rank needs): under ZeRO-3 each forward is a collective, so
-        ranks with different counts would wait on each other forever.
+        ranks with different counts would wait on each other forever. The count is agreed by an
+        all-reduce on ``attention_mask``'s device (the engine's: NCCL takes only CUDA tensors).
         """
         rows = attention_mask.shape[0]
         if not self.use_dynamic_bsz:
             return split_fixed_size(rows, self.micro_batch_size or rows)
         plan = split_by_token_budget(attention_mask, max_token_len=self.max_token_len)
         for _ in range(3):
-            agreed = _max_over_ranks(len(plan))
+            agreed = _max_over_ranks(len(plan), attention_mask.device)
             if agreed == len(plan):
                 return plan
             plan = split_by_token_budget(
@@ -56,11 +57,13 @@ class MicroBatching:
         )
 
 
-def _max_over_ranks(count: int) -> int:
-    """The largest ``count`` over the data-parallel ranks (``count`` itself with one rank)."""
+def _max_over_ranks(count: int, device: torch.device) -> int:
+    """The largest ``count`` over the data-parallel ranks (``count`` itself with one rank), agreed
+    by an all-reduce of a tensor on ``device`` (the device the process group's backend reduces
+    on: the engine's)."""
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
         return count
-    value = torch.tensor([count], dtype=torch.int64)
+    value = torch.tensor([count], dtype=torch.int64, device=device)
     torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
     return int(value.item())
 

@@ -72,13 +72,20 @@ def test_temp_files_of_interrupted_writes_are_removed(tmp_path):
     (tmp_path / "run" / "step_3" / ".tmp-journal").write_text("{")
     (tmp_path / "run" / ".tmp-config").write_text("{")
     (tmp_path / "run" / "step_3" / "rollout").mkdir()
+    (store.cache_dir / "refs").mkdir(parents=True)
+    (store.cache_dir / ".e95409ad.tmp-blthrmve").write_text("{")  # a cache record's write
+    (store.cache_dir / "refs" / ".e95409ad.tmp-x1y2z3").write_text("{")  # …its reference's
+    (store.cache_dir / "e95409ad").write_text("{}")
     removed = store.remove_temp_files()
-    assert [os.path.basename(p) for p in removed] == [
+    assert [os.path.relpath(p, tmp_path / "run") for p in removed] == [
         ".tmp-config",
-        ".rollout.tmp-0123456789ab",
-        ".tmp-journal",
+        "cache/.e95409ad.tmp-blthrmve",
+        "cache/refs/.e95409ad.tmp-x1y2z3",
+        "step_3/.rollout.tmp-0123456789ab",
+        "step_3/.tmp-journal",
     ]
     assert sorted(os.listdir(tmp_path / "run" / "step_3")) == ["rollout"]
+    assert sorted(os.listdir(store.cache_dir)) == ["e95409ad", "refs"]
 
 
 def test_a_stop_signal_waits_for_the_end_of_a_deferred_block():
