@@ -291,10 +291,21 @@ class ActorWorker(_CheckpointMixin):
             self.vllm = None
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """(name, full tensor) of every HF parameter, for syncing an external rollout engine."""
-        with self.full_parameters():
+        """(name, full tensor) of every HF parameter, lazily, for syncing an external rollout
+        engine. Under ZeRO-3 each parameter is gathered alone and copied out of the gather before
+        it is yielded, so at most one full parameter beyond this rank's partition is held at a
+        time (every rank must read the stream to its end, in the same order: each gather is a
+        collective); otherwise the parameters themselves are yielded (no copy)."""
+        if self.engine.zero_optimization_stage() != 3:
             for name, param in self.lm.named_parameters():
                 yield name, param.detach()
+            return
+        import deepspeed
+
+        for name, param in self.lm.named_parameters():
+            with deepspeed.zero.GatheredParameters([param]):
+                full = param.detach().clone()
+            yield name, full
 
     @contextmanager
     def full_parameters(self):

@@ -76,13 +76,15 @@ def _hf_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
 
 
 def _vllm_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
-    """The actor's vLLM engine (built on first use, weights synced when stale); its KV cache is
-    released afterwards when ``rollout.free_cache_engine``."""
+    """The actor's vLLM engine (built on first use, weights synced when stale). With
+    ``rollout.free_cache_engine`` it then sleeps at level 2 where vLLM has a sleep mode (not on
+    CPU): the KV cache and the weights are freed, not copied to the host, for the update to use;
+    the engine is marked stale, so the next rollout wakes it and loads the actor's weights."""
     from stages.engines.roles import on_host
 
     out = worker.vllm_rollout().generate_sequences(on_host(prompts), settings)
-    if worker.config.actor_rollout_ref.rollout.free_cache_engine:
-        worker.vllm.sleep()  # frees memory where vLLM has a sleep mode (not on CPU)
+    if worker.config.actor_rollout_ref.rollout.free_cache_engine and worker.vllm.sleep(level=2):
+        worker.vllm_is_stale = True
     return out
 
 

@@ -25,9 +25,11 @@ exactly like `rollout_hf`, whatever EOS the model's own generation config names:
 or, with ``rollout.ignore_eos``, nowhere before ``response_length`` tokens. ``max_batch_rows`` is
 not used: vLLM's scheduler bounds the KV cache itself.
 
-Weight sync (`VLLMRollout.sync_weights`): the actor's named tensors go to every worker, which
-reloads them in place (`vllm_worker_ext`); then the prefix cache is reset so no KV block computed
-with the old weights is reused. Sleep mode (weights offloaded / KV cache freed between rollouts)
+Weight sync (`VLLMRollout.sync_weights`): the actor's named tensors are streamed to every worker,
+which reloads them in place (`vllm_worker_ext`): one tensor at a time to an engine in this
+process, bounded safetensors buckets to one in other processes (`weight_buckets`), never the
+whole model as one host copy; then the prefix cache is reset so no KV block computed with the old
+weights is reused. Sleep mode (weights offloaded / KV cache freed between rollouts)
 exists only where vLLM supports it (CUDA, ROCm, XPU); on CPU `sleep` logs once and keeps the
 memory, as vLLM's own CPU worker does.
 """
@@ -35,8 +37,9 @@ memory, as vLLM's own CPU worker does.
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,11 +49,16 @@ from torch import Tensor
 from dataproto.protocol import DataProto
 from stages.engines.rollout_hf import SamplingSettings, assemble_rollout
 from stages.engines.vllm_worker_ext import WEIGHT_SYNC_EXTENSION
+from stages.engines.weight_buckets import (
+    DEFAULT_BUCKET_BYTES,
+    NamedTensors,
+    named_tensors,
+    safetensors_buckets,
+)
 
 logger = logging.getLogger(__name__)
 
 WeightTransfer = Literal["auto", "tensors", "safetensors"]
-NamedTensors = Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]
 
 
 class VLLMRollout:
@@ -204,31 +212,45 @@ class VLLMRollout:
 
     # --- weights and memory ---
 
-    def sync_weights(self, weights: NamedTensors) -> int:
+    def sync_weights(
+        self, weights: NamedTensors, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> int:
         """Load the actor's weights (HF names) into the running engine; returns tensors loaded.
 
-        ``weights``: a ``state_dict()`` or ``named_parameters()`` of the actor's Hugging Face
-        module (fully gathered under ZeRO-3). Afterwards the prefix cache is reset, so the next
-        rollout recomputes every prompt's KV with the new weights. Wakes the weights first if the
-        engine sleeps.
+        ``weights``: a ``state_dict()``, ``named_parameters()`` or any lazy ``(name, tensor)``
+        stream of the actor's Hugging Face module (`ActorWorker.named_weights` gathers one
+        ZeRO-3 parameter at a time). An engine in this process reads the stream once, tensor by
+        tensor, as they are (no copy); one in other processes gets safetensors buckets of at
+        most ``bucket_bytes``, staged on its device, then one reload — the host never holds the
+        whole model. Afterwards the prefix cache is reset, so the next rollout recomputes every
+        prompt's KV with the new weights. Wakes the weights first if the engine sleeps (after
+        a level-2 sleep nothing is copied back: the memory is re-allocated, then overwritten).
         """
-        named = detached_cpu_copies(weights)
-        if not named:
+        stream = named_tensors(weights)
+        first = next(stream, None)
+        if first is None:
             raise ValueError("sync_weights got no tensors; pass the actor's state_dict()")
+        stream = itertools.chain([first], stream)
         if "weights" in self._asleep:
             self.wake_up(["weights"])
         use_tensors = self.weight_transfer == "tensors" or (
             self.weight_transfer == "auto" and self.in_process
         )
-        payload = named if use_tensors else to_safetensors_bytes(named)
-        counts = self.llm.collective_rpc("ppoflow_load_weights", args=(payload,))
+        if use_tensors:
+            counts = self.llm.collective_rpc("ppoflow_load_weights", args=(stream,))
+        else:
+            for bucket in safetensors_buckets(stream, bucket_bytes):
+                self.llm.collective_rpc("ppoflow_stage_weights", args=(bucket,))
+            counts = self.llm.collective_rpc("ppoflow_load_staged_weights")
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after the weight sync")
         return int(counts[0])
 
-    def sleep(self, level: int = 1) -> None:
-        """Free accelerator memory between rollouts (level 1: offload weights, drop KV cache;
-        level 2: drop both). Logs once and keeps everything where sleep mode is unsupported."""
+    def sleep(self, level: int = 1) -> bool:
+        """Free accelerator memory between rollouts (level 1: offload weights to the host, drop
+        the KV cache; level 2: drop both, so the weights must be synced before the next rollout).
+        Returns whether anything was freed: where sleep mode is unsupported it logs once and
+        keeps everything (False)."""
         if not self.sleep_enabled:
             if not self._warned_no_sleep:
                 logger.warning(
@@ -236,9 +258,10 @@ class VLLMRollout:
                     "the rollout engine keeps its weights and KV cache resident"
                 )
                 self._warned_no_sleep = True
-            return
+            return False
         self.llm.sleep(level=level)
         self._asleep = {"weights", "kv_cache"}
+        return True
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-allocate what `sleep` freed (``tags`` ⊆ {"weights", "kv_cache"}; None = all)."""
@@ -292,27 +315,3 @@ def pad_rows(rows: list[list[Any]], width: int, fill: float, dtype: torch.dtype)
             )
         out[i, : len(row)] = torch.tensor(row, dtype=dtype)
     return out
-
-
-def detached_cpu_copies(weights: NamedTensors) -> list[tuple[str, Tensor]]:
-    """``[(name, tensor)]`` on CPU, contiguous; tensors sharing storage (tied embeddings) cloned
-    so that safetensors can serialise them."""
-    items = weights.items() if isinstance(weights, Mapping) else weights
-    seen: set[int] = set()
-    named = []
-    for name, tensor in items:
-        if not isinstance(tensor, Tensor):
-            raise TypeError(
-                f"weight {name!r} is a {type(tensor).__name__}, expected a torch.Tensor"
-            )
-        cpu = tensor.detach().to("cpu").contiguous()
-        pointer = cpu.untyped_storage().data_ptr()
-        named.append((name, cpu.clone() if pointer in seen else cpu))
-        seen.add(pointer)
-    return named
-
-
-def to_safetensors_bytes(named: list[tuple[str, Tensor]]) -> bytes:
-    from safetensors.torch import save
-
-    return save(dict(named))

@@ -2,63 +2,104 @@
 
 vLLM imports this class by its dotted path inside each worker process and mixes it into the
 worker, so ``self`` below is a vLLM ``Worker`` (``self.model_runner``, ``self.reload_weights``).
-The driver calls the methods with ``llm.collective_rpc("ppoflow_load_weights", args=(...,))``.
+The driver calls the methods with ``llm.collective_rpc(<method>, args=(...,))``:
 
-Why ``reload_weights`` and not ``model.load_weights``: on CPU, vLLM replaces linear weights by
-prepacked kernels after loading, so a second plain ``load_weights`` fails; the worker's in-place
-reload re-runs the loader and the post-load processing for every layer, on every platform.
-With tied embeddings vLLM 0.32's CPU reload leaves ``lm_head`` on its old packed copy, so it is
-re-packed here (a no-op on GPU, where the embedding method has nothing to pack).
+- an engine in the driver's process: ``ppoflow_load_weights(stream)`` with a lazy
+  ``(name, tensor)`` iterator, consumed by one in-place reload (nothing copied on the way);
+- an engine in other processes (tensors cannot cross its RPC, bytes can):
+  ``ppoflow_stage_weights(bucket)`` once per safetensors bucket, each bucket's tensors moved to
+  the model's device at once, then ``ppoflow_load_staged_weights()`` reloads from them.
+
+Why one ``reload_weights`` over all tensors and not one per bucket: the in-place reload restores
+every layer to checkpoint format, loads, then re-processes every layer (on CPU, vLLM re-packs
+linear weights into kernels), so a reload given part of the weights would re-process layers it
+did not load. With tied embeddings vLLM 0.32's CPU reload leaves ``lm_head`` on its old packed
+copy, so it is re-packed here (a no-op on GPU, where the embedding method has nothing to pack).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
+from stages.engines.weight_buckets import tensors_of
+
 WEIGHT_SYNC_EXTENSION = "stages.engines.vllm_worker_ext.WeightSyncExtension"
+#: the vLLM releases whose in-place reload this extension is written against (pyproject's pin)
+TESTED_VLLM = ">=0.32,<0.34"
 
 
-def unpack_weights(
-    payload: bytes | Sequence[tuple[str, torch.Tensor]],
-) -> list[tuple[str, torch.Tensor]]:
-    """``[(name, tensor)]`` from safetensors bytes (multi-process engines) or from the list itself.
-
-    Tensors cannot cross vLLM's multi-process RPC (they arrive as nested lists), bytes can.
-    """
+def checked_stream(payload: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs of ``payload``: one safetensors bucket (bytes) or an iterable of
+    pairs, checked lazily; raises TypeError naming what is wrong."""
     if isinstance(payload, bytes | bytearray | memoryview):
-        from safetensors.torch import load
+        yield from tensors_of(payload)
+        return
+    if isinstance(payload, str) or not isinstance(payload, Iterable):
+        raise TypeError(
+            f"weights payload must be safetensors bytes or an iterable of (name, Tensor), got "
+            f"{type(payload).__name__}"
+        )
+    for item in payload:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)):
+            raise TypeError(f"weights payload item must be (name, Tensor), got {item!r:.80}")
+        yield item
 
-        return list(load(bytes(payload)).items())
-    is_named_list = isinstance(payload, list | tuple) and all(
-        isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)
-        for item in payload
-    )
-    if is_named_list:
-        return list(payload)
-    raise TypeError(
-        f"weights payload must be safetensors bytes or a list of (name, Tensor), got {type(payload).__name__}"
-    )
+
+def check_reload_signature(reload: Any, vllm_version: str) -> None:
+    """Raise RuntimeError unless ``reload`` (a model runner's ``reload_weights``) takes a
+    ``weights_iterator`` keyword, as vLLM 0.32 and 0.33 do."""
+    if "weights_iterator" not in inspect.signature(reload).parameters:
+        raise RuntimeError(
+            f"vLLM {vllm_version}'s model runner has no reload_weights(weights_iterator=...), "
+            f"which ppoflow's weight sync calls; install vllm{TESTED_VLLM}"
+        )
 
 
 class WeightSyncExtension:
     """Worker-side half of `VLLMRollout.sync_weights`."""
 
-    def ppoflow_load_weights(self, payload: bytes | Sequence[tuple[str, torch.Tensor]]) -> int:
+    def ppoflow_load_weights(self, payload: Any) -> int:
         """Load Hugging Face-named weights into the running model in place; returns the count.
 
-        ``payload``: safetensors bytes or ``[(name, tensor)]`` with the actor's parameter names
-        (``model.layers.0.self_attn.q_proj.weight``, …); vLLM's loader shards them for
-        tensor parallelism and fuses q/k/v and gate/up itself.
+        ``payload``: safetensors bytes or an iterable of ``(name, tensor)`` with the actor's
+        parameter names (``model.layers.0.self_attn.q_proj.weight``, …), read once; vLLM's
+        loader shards them for tensor parallelism and fuses q/k/v and gate/up itself.
         """
+        import vllm
         from vllm.platforms import current_platform
 
-        named = unpack_weights(payload)
-        self.reload_weights(weights_iterator=iter(named))  # type: ignore[attr-defined]
+        check_reload_signature(self.model_runner.reload_weights, vllm.__version__)  # type: ignore[attr-defined]
+        count = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for item in checked_stream(payload):
+                count += 1
+                yield item
+
+        self.reload_weights(weights_iterator=counted())  # type: ignore[attr-defined]
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         lm_head = getattr(model, "lm_head", None)
         quant_method = getattr(lm_head, "quant_method", None)
         if current_platform.is_cpu() and quant_method is not None:
             quant_method.process_weights_after_loading(lm_head)
-        return len(named)
+        return count
+
+    def ppoflow_stage_weights(self, bucket: bytes) -> int:
+        """Keep one safetensors bucket's tensors, on the model's device, for
+        :meth:`ppoflow_load_staged_weights`; returns the tensors staged so far."""
+        device = next(self.model_runner.get_model().parameters()).device  # type: ignore[attr-defined]
+        staged = self.__dict__.setdefault("_ppoflow_staged", [])
+        staged.extend((name, tensor.to(device)) for name, tensor in tensors_of(bucket))
+        return len(staged)
+
+    def ppoflow_load_staged_weights(self) -> int:
+        """:meth:`ppoflow_load_weights` from the staged tensors, which are then dropped."""
+        staged = self.__dict__.pop("_ppoflow_staged", [])
+        if not staged:
+            raise RuntimeError("ppoflow_load_staged_weights: no weights were staged")
+        return self.ppoflow_load_weights(iter(staged))

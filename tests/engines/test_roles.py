@@ -75,3 +75,33 @@ def test_actor_rollout_logprobs_update_round(demo_config):
     torch.testing.assert_close(
         ref_lp[mask], gen.batch["rollout_log_probs"][mask], atol=1e-4, rtol=1e-4
     )
+
+
+def test_zero3_weights_stream_one_gathered_parameter_at_a_time(demo_config):
+    """The weight-sync stream of a ZeRO-3 actor: every parameter whole, and while the consumer
+    holds one, no parameter of the module is gathered (the host never holds the whole model)."""
+    import deepspeed
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    config = load_config(
+        REPO / "configs" / "demo-cpu.yaml",
+        [
+            f"actor_rollout_ref.model.path={demo_config.actor_rollout_ref.model.path}",
+            "actor_rollout_ref.actor.zero_stage=3",
+        ],
+    )
+    actor = ActorWorker(config, total_training_steps=1)
+    streamed = {}
+    for name, tensor in actor.named_weights():
+        gathered = [
+            n
+            for n, p in actor.lm.named_parameters()
+            if p.ds_status != ZeroParamStatus.NOT_AVAILABLE
+        ]
+        assert gathered == [], (name, gathered)
+        streamed[name] = tensor
+    params = dict(actor.lm.named_parameters())
+    assert streamed.keys() == params.keys()
+    with deepspeed.zero.GatheredParameters(list(params.values())):
+        for name, param in params.items():
+            assert torch.equal(streamed[name], param.detach()), name

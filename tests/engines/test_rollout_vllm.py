@@ -29,14 +29,8 @@ from stages.data.tiny_model import load_causal_lm
 from stages.data.tokenizer import BYTE_OFFSET
 from stages.engines.logprob import response_logprobs
 from stages.engines.rollout_hf import SamplingSettings, generate_sequences
-from stages.engines.rollout_vllm import (
-    VLLMRollout,
-    detached_cpu_copies,
-    pad_rows,
-    to_safetensors_bytes,
-    unpadded_rows,
-)
-from stages.engines.vllm_worker_ext import unpack_weights
+from stages.engines.rollout_vllm import VLLMRollout, pad_rows, unpadded_rows
+from stages.engines.weight_buckets import bucket_names
 
 pytestmark = pytest.mark.vllm
 
@@ -186,8 +180,10 @@ def test_greedy_equals_hf_before_and_after_weight_sync(rollout, hf_model):
     )
 
     rollout.weight_transfer = "safetensors"  # the multi-process path, exercised in-process
+    bucket = 64 << 10  # several buckets, staged on the worker, then one reload
+    assert len(bucket_names(hf_model.named_parameters(), bucket)) > 2
     try:
-        rollout.sync_weights(hf_model.named_parameters())
+        rollout.sync_weights(hf_model.named_parameters(), bucket_bytes=bucket)
     finally:
         rollout.weight_transfer = "auto"
     assert torch.equal(rollout.generate_sequences(prompts, greedy).batch["responses"], before)
@@ -265,17 +261,6 @@ def test_helpers():
     assert torch.equal(padded, torch.tensor([[1, 2, 9], [9, 9, 9], [3, 9, 9]]))
     with pytest.raises(ValueError, match="row 0 has 2"):
         pad_rows([[1, 2]], 1, 0, torch.long)
-    tied = torch.randn(4, 3)
-    named = detached_cpu_copies(
-        {"embed.weight": tied, "lm_head.weight": tied, "norm": torch.ones(3)}
-    )
-    assert named[0][1].data_ptr() != named[1][1].data_ptr(), "tied tensors are cloned"
-    round_trip = dict(unpack_weights(to_safetensors_bytes(named)))
-    assert all(torch.equal(round_trip[n], t) for n, t in named)
-    with pytest.raises(TypeError, match="weight 'x'"):
-        detached_cpu_copies([("x", [1.0])])
-    with pytest.raises(TypeError, match="payload"):
-        unpack_weights("not bytes")
 
 
 def multiprocess_sync_check(model_dir: str) -> None:
