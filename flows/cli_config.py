@@ -77,6 +77,14 @@ def show(
             help="Config file, or a name in configs/ (grpo, demo-cpu); default: the defaults",
         ),
     ] = None,
+    layout: Annotated[
+        bool,
+        typer.Option(
+            "--layout",
+            help="Print where the engines run (processes × roles × devices) instead of the YAML, "
+            "and whether this machine's backends can start it",
+        ),
+    ] = False,
 ) -> None:
     """Print the resolved config as YAML, with the derived flags and sizes as comments."""
     with config_messages():
@@ -85,8 +93,25 @@ def show(
         except ConfigError as err:
             typer.echo(config_error(err), err=True)
             raise typer.Exit(code=2) from None
+    if layout:
+        _show_layout(cfg)
+        return
     typer.echo(render_derived_comment(cfg), nl=False)
     typer.echo(dump_config(cfg), nl=False)
+
+
+def _show_layout(cfg) -> None:
+    """The layout lines; then ``error:`` and exit 2 where ppoflow cannot start it (a backend
+    refusing the config, or its package missing here)."""
+    from flows.engines import check_backend
+    from flows.layout import layout_lines
+
+    typer.echo("\n".join(layout_lines(cfg)))
+    try:
+        check_backend(cfg)
+    except (ValueError, NotImplementedError, ImportError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
 
 
 @config_app.command("verl-keys")

@@ -18,13 +18,16 @@ run; the rollout backend's entry says whether its engine needs the actor in the 
   With ``actor_rollout_ref.rollout.name: vllm`` the actor generates on a vLLM engine it builds
   at its first rollout and sends its weights after each update (``ActorWorker.vllm_rollout``);
   vLLM rollouts run on this backend only so far;
-- ``ray``: a ``RayWorkerGroup`` per role, ``derived.dp_size`` ranks, each a Ray actor holding the
-  role's worker (built by :func:`build_rank_worker`), all ranks of a role in one
-  ``torch.distributed`` group; one GPU per rank when this process sees CUDA (each role its own
-  GPUs: no colocation yet), else none (gloo); ``ppoflow.workers.num_cpus_per_rank`` CPUs per rank. ``call``
-  splits a batch over the ranks (rows padded to a multiple of the rank count and flagged
-  ``is_pad``) and joins the outputs and metrics; ``call_all`` runs a method (checkpoint save /
-  load) on every rank.
+- ``ray``: a ``RayWorkerGroup`` per role group (:func:`role_groups`), ``derived.dp_size`` ranks,
+  each a Ray actor; all ranks of a group in one ``torch.distributed`` group. With
+  ``ppoflow.workers.colocate`` (the default, as verl does) there is one group whose every rank
+  holds the actor, the reference and the critic the config uses (:func:`build_rank_workers`,
+  ``stages.engines.colocated``): N devices for GRPO with a KL loss, not 2N; otherwise a group per
+  role (:func:`build_rank_worker`), each on devices of its own. One GPU per rank when this
+  process sees CUDA, else none (gloo); ``ppoflow.workers.num_cpus_per_rank`` CPUs per rank.
+  ``call`` splits a batch over the ranks (rows padded to a multiple of the rank count and
+  flagged ``is_pad``) and joins the outputs and metrics; ``call_all`` runs a method (checkpoint
+  save / load) on every rank.
 
 Ray is started by the first role group when it is not running yet (``RAY_ADDRESS`` set: that
 cluster is joined instead), with CPUs for every role of the config, and is shut down when that
@@ -53,6 +56,7 @@ import torch
 
 from dataproto import DataProto
 from flows.user_files import path_digest
+from stages.engines.colocated import ColocatedRoles, ColocatedWorker
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 from stages.engines.worker_group import WORKER_BACKENDS, check_method
 from stages.plugins import import_plugins, plugin_roots
@@ -154,24 +158,35 @@ def new_worker(role: str, config: Any, total_training_steps: int) -> Any:
 def build_rank_worker(
     role: str, config: Any, total_training_steps: int, workdir: str | None = None
 ) -> Any:
-    """The ``role`` worker of one Ray rank, built in the rank's process.
+    """The ``role`` worker of one Ray rank, built in the rank's process
+    (:func:`build_rank_workers` with one role)."""
+    return build_rank_workers([role], config, total_training_steps, workdir).workers[role]
+
+
+def build_rank_workers(
+    roles: list[str], config: Any, total_training_steps: int, workdir: str | None = None
+) -> ColocatedWorker:
+    """The ``roles`` workers of one Ray rank, built in the rank's process, in order.
 
     ``workdir``: the driver's working directory, entered first when it exists here, so relative
     paths in the config (model, checkpoints) mean what they mean to the driver. The RNGs are
-    seeded with ``trainer.seed`` before the model is built (a freshly initialised head, e.g. the
-    critic's value head, is then the same on every rank) and with ``trainer.seed + rank`` after
-    it (each rank samples its own rollouts); ``RANK`` is set by the worker group. The
-    ``ppoflow.plugins`` modules are imported first: the rank is a process of its own, and its
-    losses, KL estimators and rollout backend are looked up in the registries they extend.
+    seeded with ``trainer.seed`` before each model is built (a freshly initialised head, e.g. the
+    critic's value head, is then the same on every rank, colocated or not) and with
+    ``trainer.seed + rank`` after the last (each rank samples its own rollouts); ``RANK`` is set
+    by the worker group. The ``ppoflow.plugins`` modules are imported first: the rank is a
+    process of its own, and its losses, KL estimators and rollout backend are looked up in the
+    registries they extend.
     """
     if workdir is not None and os.path.isdir(workdir):
         os.chdir(workdir)
     import_plugins(config.ppoflow.plugins)
     seed = config.trainer.seed
-    seed_everything(seed)
-    worker = new_worker(role, config, total_training_steps)
+    workers = {}
+    for role in roles:
+        seed_everything(seed)
+        workers[role] = new_worker(role, config, total_training_steps)
     seed_everything(seed + int(os.environ.get("RANK", "0")))
-    return worker
+    return ColocatedWorker(workers)
 
 
 def seed_everything(seed: int) -> None:
@@ -184,28 +199,44 @@ def seed_everything(seed: int) -> None:
 def build_role(config: Any, role: str, total_training_steps: int) -> Any:
     """One model role (``actor`` / ``ref`` / ``critic``) as a worker group on the configured
     backend (module docstring); release it with :func:`close_engines`."""
+    return build_roles(config, [role], total_training_steps)[role]
+
+
+def build_roles(config: Any, roles: list[str], total_training_steps: int) -> dict[str, Any]:
+    """``roles`` as worker groups sharing one set of ranks: role → its group. In the driver
+    (``local``) each role is an :class:`InProcessRole`; on other backends one role is a group
+    of its own and several are one group whose ranks each hold all of them
+    (``stages.engines.colocated``); release them with :func:`close_engines`."""
     check_backend(config)
-    if role not in MODEL_ROLES:
-        raise KeyError(f"unknown model role {role!r}; expected one of {MODEL_ROLES}")
+    unknown = [role for role in roles if role not in MODEL_ROLES]
+    if unknown:
+        raise KeyError(f"unknown model role {unknown[0]!r}; expected one of {MODEL_ROLES}")
     if WORKER_BACKENDS.get(config.ppoflow.workers.backend).ranks_in_driver:
-        return InProcessRole(new_worker(role, config, total_training_steps))
-    return _rank_group(config, role, total_training_steps)
+        return {
+            role: InProcessRole(new_worker(role, config, total_training_steps)) for role in roles
+        }
+    group = _rank_group(config, roles, total_training_steps)
+    if len(roles) == 1:
+        return {roles[0]: group}
+    shared = ColocatedRoles(group, roles)
+    return {role: shared.role(role) for role in roles}
 
 
-def _rank_group(config: Any, role: str, total_training_steps: int) -> Any:
-    """``derived.dp_size`` ranks of ``role``, each in its own process, from the worker backend's
-    ``make_group`` (Ray: starts Ray, owned by this group, if needed)."""
+def _rank_group(config: Any, roles: list[str], total_training_steps: int) -> Any:
+    """``derived.dp_size`` ranks holding ``roles``, each rank in its own process, from the worker
+    backend's ``make_group`` (Ray: starts Ray, owned by this group, if needed); a one-role group
+    calls the role's worker directly, a several-role one its :class:`ColocatedWorker`."""
     backend = WORKER_BACKENDS.get(config.ppoflow.workers.backend)
     dp_size = config.derived.dp_size
     gpus_per_rank = 1 if torch.cuda.is_available() else 0
-    check_gpu_count(config, [role])
+    check_gpu_count(config)
     return backend.make_group(
-        build_rank_worker,
+        build_rank_worker if len(roles) == 1 else build_rank_workers,
         dp_size,
         num_cpus_per_rank=config.ppoflow.workers.num_cpus_per_rank,
         num_gpus_per_rank=gpus_per_rank,
         ray_init=ray_init_options(config, gpus_per_rank),
-        role=role,
+        **({"role": roles[0]} if len(roles) == 1 else {"roles": list(roles)}),
         config=config,
         total_training_steps=total_training_steps,
         workdir=os.getcwd(),
@@ -222,32 +253,51 @@ def _plugin_env(config: Any) -> dict[str, Any]:
     return {"env": {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}}
 
 
-def check_gpu_count(config: Any, roles: list[str]) -> None:
-    """On a local Ray instance with CUDA, each rank of each role takes a GPU of its own (roles
-    are not colocated on shared GPUs): fail before Ray waits for GPUs this machine lacks."""
+def role_groups(config: Any) -> list[list[str]]:
+    """The model roles of the config grouped by the ranks that hold them: one group of every
+    role with ``ppoflow.workers.colocate`` (each rank's process holds its actor, reference and
+    critic, on one device), else a group per role (each role's ranks on devices of their own).
+
+    Example:
+        >>> from stages.config import load_config
+        >>> kl = ["actor_rollout_ref.actor.use_kl_loss=true"]
+        >>> role_groups(load_config("demo-cpu", kl))
+        [['actor', 'ref']]
+        >>> role_groups(load_config("demo-cpu", kl + ["ppoflow.workers.backend=ray", "ppoflow.workers.colocate=false"]))
+        [['actor'], ['ref']]
+    """
+    roles = roles_for(config)
+    return [roles] if config.ppoflow.workers.colocate else [[role] for role in roles]
+
+
+def check_gpu_count(config: Any) -> None:
+    """On a local Ray instance with CUDA, each rank of each role group takes a GPU of its own
+    (:func:`role_groups`): fail before Ray waits for GPUs this machine lacks."""
     if not torch.cuda.is_available() or os.environ.get("RAY_ADDRESS"):
         return
-    needed, have = len(roles) * config.derived.dp_size, torch.cuda.device_count()
+    groups = role_groups(config)
+    needed, have = len(groups) * config.derived.dp_size, torch.cuda.device_count()
     if needed > have:
         raise ValueError(
             f"the ray backend gives each of the {config.derived.dp_size} ranks of each role "
-            f"({', '.join(roles)}) a GPU of its own: {needed} GPUs, but this machine has {have}; "
-            "lower trainer.n_gpus_per_node, or drop a role (the reference policy runs only with "
-            "actor.use_kl_loss or algorithm.use_kl_in_reward)"
+            f"group ({' | '.join('+'.join(g) for g in groups)}) a GPU of its own: {needed} "
+            f"GPUs, but this machine has {have}; set ppoflow.workers.colocate=true (every role "
+            "of a rank on one GPU), lower trainer.n_gpus_per_node, or drop a role (the reference "
+            "policy runs only with actor.use_kl_loss or algorithm.use_kl_in_reward)"
         )
 
 
 def ray_init_options(config: Any, gpus_per_rank: int) -> dict[str, Any]:
-    """``ray.init`` arguments for a local Ray instance that fits every role of the config
+    """``ray.init`` arguments for a local Ray instance that fits every role group of the config
     (the group that starts Ray would otherwise size it for its own ranks only); none when
     ``RAY_ADDRESS`` names a cluster to join (it has its own resources)."""
     if os.environ.get("RAY_ADDRESS"):
         return {}
-    ranks = len(roles_for(config)) * config.derived.dp_size
+    ranks = len(role_groups(config)) * config.derived.dp_size
     cpus = config.ppoflow.workers.num_cpus_per_rank
     options: dict[str, Any] = {"num_cpus": max(1, math.ceil(ranks * cpus))}
     if gpus_per_rank:
-        options["num_gpus"] = ranks * gpus_per_rank  # each role's ranks hold GPUs of their own
+        options["num_gpus"] = ranks * gpus_per_rank  # each group's ranks hold GPUs of their own
     return options
 
 
@@ -266,7 +316,7 @@ def build_engines(
     startup = startup or current_startup()
     check_backend(config)
     if not WORKER_BACKENDS.get(config.ppoflow.workers.backend).ranks_in_driver:
-        check_gpu_count(config, roles_for(config))
+        check_gpu_count(config)
     engines: dict[str, Any] = {}
     try:
         # the scorer processes start first, before any model or process group exists here
@@ -274,13 +324,22 @@ def build_engines(
             rewards = build_reward(config, tokenizer)
             engines.update(rewards)
             shown["text"] = "reward: " + (", ".join(rewards) or "none")
-        for role in roles_for(config):
-            with startup.phase("engines", f"{role}: {describe_role(config, role)}"):
-                engines[role] = build_role(config, role, total_training_steps)
+        for roles in _build_order(config):
+            text = "; ".join(f"{role}: {describe_role(config, role)}" for role in roles)
+            with startup.phase("engines", text):
+                engines.update(build_roles(config, roles, total_training_steps))
     except BaseException:
         close_engines(engines)
         raise
     return engines
+
+
+def _build_order(config: Any) -> list[list[str]]:
+    """The role groups to build, one :func:`build_roles` call each: one per role in the driver
+    (each its own start-up phase), else :func:`role_groups`."""
+    if WORKER_BACKENDS.get(config.ppoflow.workers.backend).ranks_in_driver:
+        return [[role] for role in roles_for(config)]
+    return role_groups(config)
 
 
 def describe_role(config: Any, role: str) -> str:

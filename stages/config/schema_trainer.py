@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from stages.config._base import ConfigModel
 from stages.config.choices import WorkerBackendName, check_registered
+from stages.engines.worker_group import WORKER_BACKENDS
 from stages.metrics.sinks import METRIC_SINKS, missing_package
 
 
@@ -131,6 +132,23 @@ class WorkersConfig(ConfigModel):
         gt=0,
         description="Ray CPUs reserved per rank; also the rank's OMP_NUM_THREADS (CPUs)",
     )
+    colocate: bool = Field(
+        True,
+        description="Every model role of a rank (actor, ref, critic) in one process on one "
+        "device, as verl colocates them: N devices run GRPO with a KL loss, not 2N; false: each "
+        "role's ranks in processes and on devices of their own (ray backend only: local runs "
+        "every role in this process) (bool)",
+    )
+
+    @model_validator(mode="after")
+    def _colocation_is_a_choice_of_the_backend(self) -> WorkersConfig:
+        if not self.colocate and WORKER_BACKENDS.get(self.backend).ranks_in_driver:
+            raise ValueError(
+                f"colocate=false gives each role processes of its own, but the {self.backend} "
+                "backend runs every role in this process; set ppoflow.workers.backend=ray, or "
+                "leave colocate true"
+            )
+        return self
 
 
 class ArtifactRetentionConfig(ConfigModel):

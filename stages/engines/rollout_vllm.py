@@ -39,6 +39,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +58,9 @@ from stages.engines.weight_buckets import (
 )
 
 logger = logging.getLogger(__name__)
+
+#: vLLM's switch between an engine in this process (``0``) and in processes of its own (``1``)
+MULTIPROCESSING_SWITCH = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 WeightTransfer = Literal["auto", "tensors", "safetensors"]
 
@@ -80,6 +84,10 @@ class VLLMRollout:
         weight_transfer: how `sync_weights` ships tensors to the workers: ``"tensors"`` (same
             process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), ``"safetensors"`` (serialised bytes,
             works across processes), or ``"auto"`` (tensors when the engine is in-process).
+        in_process: run the engine core and its worker in this process (True) or in processes of
+            their own (False), by setting vLLM's ``VLLM_ENABLE_V1_MULTIPROCESSING`` for it; None
+            leaves vLLM's own setting (the variable, default multi-process). In-process needs
+            ``tensor_parallel_size`` 1.
         engine_kwargs: any further ``vllm.LLM`` arguments (e.g. ``enable_prefix_caching``).
     """
 
@@ -97,10 +105,21 @@ class VLLMRollout:
         enable_sleep_mode: bool | None = None,
         allow_truncated_log_probs: bool = False,
         weight_transfer: WeightTransfer = "auto",
+        in_process: bool | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        previous = os.environ.get(MULTIPROCESSING_SWITCH)
+        if in_process is not None:  # vLLM's switch, read when the engine is built
+            os.environ[MULTIPROCESSING_SWITCH] = "0" if in_process else "1"
         from vllm import LLM, envs
         from vllm.platforms import current_platform
+
+        if in_process is not None and in_process == bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING):
+            _restore(MULTIPROCESSING_SWITCH, previous)
+            raise RuntimeError(
+                f"in_process={in_process}, but vLLM had already read {MULTIPROCESSING_SWITCH}="
+                f"{int(envs.VLLM_ENABLE_V1_MULTIPROCESSING)} for an earlier engine in this process"
+            )
 
         if current_platform.is_cpu() and kv_cache_memory_bytes is None:
             raise ValueError(
@@ -292,6 +311,14 @@ class VLLMRollout:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _restore(name: str, value: str | None) -> None:
+    """Put environment variable ``name`` back to ``value`` (None: unset)."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def unpadded_rows(input_ids: Tensor, attention_mask: Tensor) -> list[list[int]]:

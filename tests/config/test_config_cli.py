@@ -72,3 +72,75 @@ def test_defaults_prints_the_rendered_yaml() -> None:
     result = RUNNER.invoke(make_app(), ["config", "defaults"])
     assert result.exit_code == 0
     assert result.stdout == render_default_yaml()
+
+
+def test_show_layout_prints_processes_roles_and_devices() -> None:
+    result = RUNNER.invoke(
+        make_app(),
+        [
+            "config",
+            "show",
+            "--layout",
+            "--config",
+            "grpo",
+            "ppoflow.workers.backend=ray",
+            "trainer.n_gpus_per_node=4",
+            "trainer.nnodes=2",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.ref.param_offload=true",
+            "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == (
+        "8 ranks (2 nodes × 4), backend ray; colocated: every role of a rank in one process; "
+        "8 rank processes, 4 GPUs per node (8 in all)"
+    )
+    assert len(lines) == 9  # one per rank process
+    assert lines[8] == (
+        "  node 1  rank 7   GPU 3    actor (DeepSpeed ZeRO-3, rollout hf) + "
+        "ref (ZeRO-3, parameters on the host)"
+    )
+
+
+def test_show_layout_of_roles_apart_and_of_a_refused_layout() -> None:
+    apart = RUNNER.invoke(
+        make_app(),
+        [
+            "config",
+            "show",
+            "--layout",
+            "--config",
+            "grpo",
+            "ppoflow.workers.backend=ray",
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "ppoflow.workers.colocate=false",
+            "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        ],
+    )
+    assert apart.exit_code == 0, apart.output
+    assert [line.split()[4:] for line in apart.output.splitlines()[1:]] == [
+        ["GPU", "0", "actor", "(DeepSpeed", "ZeRO-3,", "rollout", "hf)"],
+        ["GPU", "1", "actor", "(DeepSpeed", "ZeRO-3,", "rollout", "hf)"],
+        ["GPU", "2", "ref", "(ZeRO-3)"],
+        ["GPU", "3", "ref", "(ZeRO-3)"],
+    ]
+    refused = RUNNER.invoke(
+        make_app(),
+        [
+            "config",
+            "show",
+            "--layout",
+            "--config",
+            "grpo",
+            "ppoflow.workers.backend=ray",
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.rollout.name=vllm",
+        ],
+    )
+    assert refused.exit_code == 2
+    assert "error: actor_rollout_ref.rollout.name=vllm runs its engine beside" in refused.output

@@ -63,7 +63,9 @@ def rollout(model_dir, tmp_path_factory):
         gpu_memory_utilization=0.2,
         enforce_eager=True,
         seed=0,
+        in_process=True,  # as the module's VLLM_ENABLE_V1_MULTIPROCESSING=0 has it already
     )
+    assert engine.in_process
     with engine:
         yield engine
 
@@ -304,3 +306,10 @@ def test_weight_sync_across_processes(model_dir, tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0 and "MULTIPROCESS SYNC OK" in done.stdout, done.stderr[-3000:]
+
+
+def test_an_engine_layout_other_than_the_one_vllm_read_is_refused(rollout, model_dir):
+    before = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
+    with pytest.raises(RuntimeError, match="in_process=False, but vLLM had already read"):
+        VLLMRollout(model_dir, max_model_len=64, kv_cache_memory_bytes=1 << 20, in_process=False)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == before

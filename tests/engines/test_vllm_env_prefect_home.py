@@ -26,7 +26,13 @@ FLOW = "from prefect import flow\n\n@flow\ndef f():\n    return 41 + 1\n\nprint(
 
 def run_flow(python: Path | str, home: Path, script: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    # a fresh database's migrations can take Prefect's temporary server past its default 20 s
+    # start-up wait on a busy 2-core machine (28 s measured); ppoflow's own runs wait 120 s
+    env.update(
+        HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
+    )
     return subprocess.run(
         [str(python), str(script)], env=env, capture_output=True, text=True, timeout=300
     )

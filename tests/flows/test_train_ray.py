@@ -80,18 +80,49 @@ def test_vllm_rollouts_are_refused_on_ray():
         check_backend(config)
 
 
-def test_ray_is_sized_for_every_role(monkeypatch):
+def test_ray_is_sized_for_every_role_group(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     ranks = ("ppoflow.workers.backend=ray", "trainer.n_gpus_per_node=2")
+    ref = ("actor_rollout_ref.actor.use_kl_loss=true",)
+    critic = ("algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true")
+    apart = ("ppoflow.workers.colocate=false",)
     assert ray_init_options(demo_config(*ranks), 0) == {"num_cpus": 2}  # actor
-    with_ref = demo_config(*ranks, "actor_rollout_ref.actor.use_kl_loss=true")
-    assert ray_init_options(with_ref, 0) == {"num_cpus": 4}  # actor + ref
-    with_critic = demo_config(
-        *ranks, "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true"
-    )
-    assert ray_init_options(with_critic, 0) == {"num_cpus": 6}  # actor + ref + critic
+    # colocated (the default): every role of a rank in one process, on one device
+    assert ray_init_options(demo_config(*ranks, *ref), 0) == {"num_cpus": 2}
+    assert ray_init_options(demo_config(*ranks, *critic), 1) == {"num_cpus": 2, "num_gpus": 2}
+    assert ray_init_options(demo_config(*ranks, *ref, *apart), 0) == {"num_cpus": 4}
+    assert ray_init_options(demo_config(*ranks, *critic, *apart), 1) == {
+        "num_cpus": 6,
+        "num_gpus": 6,
+    }
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    assert ray_init_options(with_ref, 0) == {}  # a cluster to join brings its own resources
+    assert ray_init_options(demo_config(*ranks, *ref), 0) == {}  # a cluster brings its own
+
+
+def test_the_gpu_count_is_that_of_the_role_groups(monkeypatch):
+    from flows import engines
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(engines.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(engines.torch.cuda, "device_count", lambda: 2)
+    kl = (
+        "ppoflow.workers.backend=ray",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+    )
+    engines.check_gpu_count(demo_config(*kl))  # actor + ref on 2 GPUs
+    with pytest.raises(
+        ValueError,
+        match=r"\(actor \| ref\) a GPU of its own: 4 GPUs, but this machine has 2; set ppoflow\.workers\.colocate=true",
+    ):
+        engines.check_gpu_count(demo_config(*kl, "ppoflow.workers.colocate=false"))
+
+
+def test_colocate_false_needs_a_backend_with_processes_of_its_own():
+    from stages.config import ConfigError
+
+    with pytest.raises(ConfigError, match="the local backend runs every role in this process"):
+        demo_config("ppoflow.workers.colocate=false")
 
 
 @pytest.mark.slow
@@ -141,3 +172,33 @@ def test_grpo_two_steps_on_two_ray_ranks(demo_inputs, tmp_path, tiny_run_overrid
         for name, tensor in initial.state_dict().items()
     ]
     assert max(changes) > 0  # two updates moved the weights
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
+def test_grpo_with_a_kl_loss_on_colocated_ranks_ends_like_roles_apart(
+    demo_inputs, tmp_path, tiny_run_overrides
+):
+    """2 ranks each holding the actor and the reference (2 processes, as on 2 GPUs) against the
+    same run with each role on ranks of its own (4 processes): the same weights after 2 steps."""
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'ppoflow[ray]'")
+    trained = {}
+    for colocate in ("true", "false"):
+        home = tmp_path / f"colocate-{colocate}"
+        overrides = tiny_run_overrides(
+            demo_inputs,
+            home,
+            2,
+            *RAY_RUN,
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            f"ppoflow.workers.colocate={colocate}",
+        )
+        result = train(REPO / "configs" / "demo-cpu.yaml", overrides, str(home / "run"))
+        journal = RunStore(result.run_dir).read_journal(2)
+        assert journal.record("ref_log_prob").status == "ran"
+        kl = logged(home, result.mlflow_run_id, "actor/kl_loss")
+        assert len(kl) == 2 and all(math.isfinite(v) for v in kl), kl
+        trained[colocate] = checkpoint_weights(home / "checkpoints" / "global_step_2" / "actor")
+    assert trained["true"].keys() == trained["false"].keys()
+    for name, tensor in trained["false"].items():
+        torch.testing.assert_close(trained["true"][name], tensor, msg=name)
