@@ -59,6 +59,10 @@ CASES = [
      ["reward.max_invalid_fraction=1.5"], ["reward.max_invalid_fraction: got 1.5; must be ≤ 1"]),
     ("not-a-choice", "an estimator name no registry holds", None, ["algorithm.adv_estimator=nope"],
      ["algorithm.adv_estimator: got 'nope'; allowed: 'gae'", "'grpo'"]),
+    ("colocate-false-local", "roles apart (`ppoflow.workers.colocate=false`) on the local backend",
+     None, ["ppoflow.workers.colocate=false"],
+     ["ppoflow.workers: colocate=false gives each role processes of its own, but the local "
+      "backend runs every role in this process; set ppoflow.workers.backend=ray"]),
     ("not-a-choice-in-list", "an unknown metric sink in trainer.logger", None,
      ["trainer.logger=[mlflow,nope]"], ["trainer.logger[1]: got 'nope'; allowed: 'console'"]),
     ("cross-field", "a mini-batch larger than the training batch", None,
