@@ -12,7 +12,8 @@
 #    log-probs, HF rollouts, micro-batch split invariance in fp32 ZeRO-2, the actor worker), and
 #    tests/engines/test_rollout_vllm.py (all but `slow`, gpu ones included) when vllm imports;
 # 4. measures the GPU figures (bench/gpu_check.py): peak bf16 matmul, actor-update MFU
-#    (6·N·tokens/s ÷ peak), HF rollout tokens/s and, when vllm imports, vLLM's;
+#    (6·N·tokens/s ÷ peak), HF rollout tokens/s and, when vllm imports, vLLM's, and the actor →
+#    vLLM weight sync's time and host memory (bench/weight_sync.py, 100M parameters);
 # 5. writes a short report to $OUT/gpu_report.md (./gpu_report.md when OUT is unset) and the whole
 #    log to gpu_check.log beside it.
 # Every step has a time limit inside an overall budget (PPOFLOW_GPU_BUDGET_S, default 470 s); a step
@@ -191,6 +192,13 @@ run_limited "mfu" 110 "$PY" bench/gpu_check.py mfu --report "$FIGURES" --peak-tf
 step "rollout tokens/s"
 run_limited "rollout" 110 "$PY" bench/gpu_check.py rollout --report "$FIGURES" \
     --rows 256 --prompt 128 --response 256
+if "$PY" -c 'import vllm, psutil' 2>/dev/null; then
+    step "weight sync to vLLM"
+    run_limited "weight sync" 150 "$PY" bench/weight_sync.py --sizes 100m --pairs 2 \
+        2>&1 | tee /tmp/ppoflow-weight-sync.log
+    report "" "Weight sync (bench/weight_sync.py, 100.9M parameters, actor on the GPU):" '```' \
+        "$(grep -E '^ *(model|100m|  ) |after ÷ before|load average' /tmp/ppoflow-weight-sync.log)" '```'
+fi
 report "" "$(grep -v 'peak_tflops=' "$FIGURES")" "" "Total wall time: ${SECONDS}s (budget ${BUDGET}s)."
 rm -f "$FIGURES"
 

@@ -19,8 +19,9 @@ Each layout runs in a fresh interpreter (vLLM reads the variable at import), one
 sides alternating ``--pairs`` times after one warm-up sync each. Per sync: wall time, and the
 peak host memory above the level just before it — the resident set summed over this process and
 its children, sampled every 2 ms (a lower bound for syncs shorter than a few samples). Printed:
-medians per side, per-pair ratios after ÷ before, the load average. CPU only: on a GPU the
-host-memory saving is the whole model (the before path copied device tensors to the host).
+medians per side, per-pair ratios after ÷ before, the load average. Where CUDA is available the
+model sits on the GPU, as the actor's does (``bench/gpu_check.sh`` runs this there), and the
+before path's host copies are the whole model; on CPU the weights are host memory already.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def child(model_dir: str, pairs: int, bucket_bytes: int) -> None:
     from stages.engines.rollout_vllm import VLLMRollout
 
     torch.set_num_threads(2)
-    model = load_causal_lm(model_dir, dtype=torch.float32).eval()
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # where the actor's weights live
+    model = load_causal_lm(model_dir, dtype=torch.float32).eval().to(device)
     sides = {
         "before": lambda r: whole_model_sync(r, model),
         "after": lambda r: r.sync_weights(model.named_parameters(), bucket_bytes=bucket_bytes),
