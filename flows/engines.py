@@ -9,22 +9,24 @@
 
 Where a model role runs follows ``ppoflow.workers.backend``, a ``WORKER_BACKENDS`` entry whose
 spec says whether its ranks run in the driver process (``ranks_in_driver``) and how many it can
-run; the rollout backend's entry says whether its engine needs the actor in the driver
-(:func:`check_backend`):
+run (:func:`check_backend`):
 
 - ``local``: :class:`InProcessRole`, the worker in this process (world size 1, so
   ``trainer.n_gpus_per_node × trainer.nnodes`` must be 1), with the worker-group call signature
   (``call(method, batch, **kwargs) -> DataProto``, ``stages.engines.worker_group.WorkerGroup``).
   With ``actor_rollout_ref.rollout.name: vllm`` the actor generates on a vLLM engine it builds
   at its first rollout and sends its weights after each update (``ActorWorker.vllm_rollout``);
-  vLLM rollouts run on this backend only so far;
 - ``ray``: a ``RayWorkerGroup`` per role group (:func:`role_groups`), ``derived.dp_size`` ranks,
   each a Ray actor; all ranks of a group in one ``torch.distributed`` group. With
   ``ppoflow.workers.colocate`` (the default, as verl does) there is one group whose every rank
   holds the actor, the reference and the critic the config uses (:func:`build_rank_workers`,
   ``stages.engines.colocated``): N devices for GRPO with a KL loss, not 2N; otherwise a group per
   role (:func:`build_rank_worker`), each on devices of its own. One GPU per rank when this
-  process sees CUDA, else none (gloo); ``ppoflow.workers.num_cpus_per_rank`` CPUs per rank.
+  process sees CUDA, else none (gloo); ``ppoflow.workers.num_cpus_per_rank`` CPUs per rank;
+  each node's ranks in one STRICT_PACK placement group (``trainer.n_gpus_per_node`` ranks).
+  With ``rollout.name: vllm`` every actor rank builds its own vLLM engine in its process, in
+  the rank's torch.distributed world, and syncs it from its own DeepSpeed engine: every device
+  generates and trains (verl's hybrid engine);
   ``call`` splits a batch over the ranks (rows padded to a multiple of the rank count and
   flagged ``is_pad``) and joins the outputs and metrics; ``call_all`` runs a method (checkpoint
   save / load) on every rank.
@@ -98,11 +100,11 @@ class InProcessRole:
 
 
 def check_backend(config: Any) -> None:
-    """Fail before any engine is built on a backend or world size this module cannot run: the
-    worker backend's and the rollout backend's registry entries say what they need."""
+    """Fail before any engine is built on a backend, world size or rollout parallelism this
+    module cannot run: the worker backend's entry says how many ranks it runs and what it needs
+    installed, the rollout backend's whether a tensor-parallel engine runs."""
     name, dp_size = config.ppoflow.workers.backend, config.derived.dp_size
     backend = WORKER_BACKENDS.get(name)
-    rollout = config.actor_rollout_ref.rollout
     if backend.max_world_size is not None and dp_size > backend.max_world_size:
         raise ValueError(
             f"the {name} backend runs at most {backend.max_world_size} rank(s), but "
@@ -110,26 +112,20 @@ def check_backend(config: Any) -> None:
             f"ppoflow.workers.backend={_unlimited_backends()} for {dp_size} ranks, or set both "
             "to 1"
         )
-    if ROLLOUT_BACKENDS.get(rollout.name).needs_in_process_actor and not backend.ranks_in_driver:
+    rollout = config.actor_rollout_ref.rollout
+    tp = rollout.tensor_model_parallel_size
+    if tp > 1 and not ROLLOUT_BACKENDS.get(rollout.name).runs_tensor_parallel:
         raise NotImplementedError(
-            f"actor_rollout_ref.rollout.name={rollout.name} runs its engine beside the one actor "
-            f"rank in the driver process, so with ppoflow.workers.backend={_in_driver_backends()} "
-            f"only so far (not {name}); set rollout.name to one of {_portable_rollouts()} for "
-            f"the {name} backend"
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: each actor rank holds "
+            f"a {rollout.name} engine of its own, and an engine spanning ranks (vLLM's "
+            "external_launcher tensor parallelism) is not implemented yet; set it to 1 (one "
+            "engine per device)"
         )
     backend.check_available()
 
 
 def _unlimited_backends() -> str:
     return "/".join(n for n in WORKER_BACKENDS if WORKER_BACKENDS.get(n).max_world_size is None)
-
-
-def _in_driver_backends() -> str:
-    return "/".join(n for n in WORKER_BACKENDS if WORKER_BACKENDS.get(n).ranks_in_driver)
-
-
-def _portable_rollouts() -> list[str]:
-    return [n for n in ROLLOUT_BACKENDS if not ROLLOUT_BACKENDS.get(n).needs_in_process_actor]
 
 
 def roles_for(config: Any) -> list[str]:
@@ -235,6 +231,7 @@ def _rank_group(config: Any, roles: list[str], total_training_steps: int) -> Any
         dp_size,
         num_cpus_per_rank=config.ppoflow.workers.num_cpus_per_rank,
         num_gpus_per_rank=gpus_per_rank,
+        ranks_per_node=config.trainer.n_gpus_per_node,
         ray_init=ray_init_options(config, gpus_per_rank),
         **({"role": roles[0]} if len(roles) == 1 else {"roles": list(roles)}),
         config=config,

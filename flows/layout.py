@@ -6,7 +6,8 @@ The layout follows from the config alone — ``trainer.nnodes × trainer.n_gpus_
 by the same functions the engine builder uses (``flows.engines.role_groups``), so what is printed
 is what a run starts. On CUDA each rank process of a role group holds one device: a node's ranks
 of group ``g`` take the node's GPUs ``g × n_gpus_per_node + local rank`` (each rank sees its
-one GPU as ``cuda:0``).
+one GPU as ``cuda:0``); Ray places them with one STRICT_PACK placement group per node and group.
+With ``rollout.name: vllm`` each actor rank's process holds its vLLM engine too.
 
 Example:
     >>> from stages.config import load_config
@@ -59,6 +60,7 @@ def layout_lines(config: Any) -> list[str]:
     lines = [
         f"{head}; {how}; {len(groups) * ranks} rank processes"
         + (f", {devices} GPUs per node ({devices * nodes} in all)" if on_cuda else " on CPU")
+        + "; each node's ranks of a group in one STRICT_PACK placement group"
     ]
     for node in range(nodes):
         for g, roles in enumerate(groups):

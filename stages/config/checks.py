@@ -150,11 +150,13 @@ def _engine_problems(cfg: PPORunConfig) -> list[str]:
         arr.rollout.tensor_model_parallel_size,
         cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes,
     )
-    most_tp = ROLLOUT_BACKENDS.get(arr.rollout.name).max_tensor_parallel_size
+    rollout_backend = ROLLOUT_BACKENDS.get(arr.rollout.name)
+    most_tp = rollout_backend.max_tensor_parallel_size
     if most_tp is not None and tp > most_tp:
         problems.append(
             f"{ARR}.rollout.tensor_model_parallel_size = {tp} but rollout.name = "
-            f"{arr.rollout.name!r} runs with at most {most_tp}; set it to {most_tp}"
+            f"{arr.rollout.name!r} runs with at most {most_tp} "
+            f"({rollout_backend.why_max_tensor_parallel}); set it to {most_tp}"
             + (" or less" if most_tp > 1 else "")
         )
     elif devices % tp:

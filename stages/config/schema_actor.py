@@ -249,7 +249,9 @@ class RolloutConfig(ConfigModel):
     dtype: Dtype = Field("bfloat16", description="Dtype of the generation engine's weights (dtype)")
     seed: int = Field(42, description="Seed of the generation engine's sampler (seed)")
     tensor_model_parallel_size: int = Field(
-        2, ge=1, description="vLLM tensor-parallel degree; hf needs 1 (devices)"
+        2,
+        ge=1,
+        description="vLLM tensor-parallel degree; runs with 1 so far (one engine per rank), hf needs 1 (devices)",
     )
     gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="Fraction of device memory vLLM may take (ratio)"

@@ -247,12 +247,20 @@ class ActorWorker(_CheckpointMixin):
         of :meth:`vllm_rollout` (``vllm``).
 
         ``validate``: sample with rollout.val_kwargs.*; ``greedy``: decode greedily (ReMax's
-        baseline; see :func:`sampling_settings`); ``seed``: sample with that seed (offset by
-        this rank's index, so ranks draw differently), the same responses in any process."""
+        baseline; see :func:`sampling_settings`); ``seed``: sample with that seed, the same
+        responses in any process: offset by this rank's first row in the batch where the backend
+        seeds each row (``row_seeded``: any rank count samples alike), else by the rank's index
+        (:func:`rank_seed`: ranks draw differently)."""
         settings = sampling_settings(self.config, self.tokenizer, validate=validate, greedy=greedy)
-        if seed is not None:
-            settings = replace(settings, seed=rank_seed(seed, _rank()))
         backend = ROLLOUT_BACKENDS.get(self.config.actor_rollout_ref.rollout.name)
+        if seed is not None:
+            rank = _rank()
+            seed = (
+                rank_seed(seed, 0) + rank * len(prompts)
+                if backend.row_seeded
+                else rank_seed(seed, rank)
+            )
+            settings = replace(settings, seed=seed)
         return backend.generate(self, prompts, settings)
 
     def vllm_rollout(self) -> Any:

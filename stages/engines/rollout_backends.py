@@ -4,22 +4,29 @@ A :class:`RolloutBackendSpec` holds the function that generates one response per
 actor worker, and what the backend needs from the rest of the config, so the config checks and
 the engine builder ask the entry instead of comparing the name:
 
-==========  ==============================  =========================  ======================  ====================
-name        generates with                  max_tensor_parallel_size   needs_in_process_actor  log_probs_are_actors
-==========  ==============================  =========================  ======================  ====================
-``hf``      HF ``generate`` on the actor's  1                          False                   True
+==========  ==============================  =========================  ==========  ====================
+name        generates with                  max_tensor_parallel_size   row_seeded  log_probs_are_actors
+==========  ==============================  =========================  ==========  ====================
+``hf``      HF ``generate`` on the actor's  1                          False       True
             own module (newest weights)
-``vllm``    a vLLM engine beside the        any (must divide the       True                    False
-            actor, sent the weights after   devices)
-            updates
-==========  ==============================  =========================  ======================  ====================
+``vllm``    a vLLM engine in the actor      any that divides the       True        False
+            rank's process, sent the        devices (validates); runs
+            weights after updates           with 1 so far
+==========  ==============================  =========================  ==========  ====================
+
+Each actor rank holds its own engine: in the driver on the ``local`` backend, in the rank's
+process on ``ray`` (vLLM joins the rank's torch.distributed world), so every device generates
+and trains. A vLLM engine spanning several ranks (tensor parallelism across them, vLLM's
+``external_launcher`` executor) is not implemented yet: such a config validates (verl's scripts
+set ``tensor_model_parallel_size: 2``), and the run refuses it before building an engine
+(``runs_tensor_parallel``, ``flows.engines.check_backend``).
 
 Importing this module imports neither transformers nor vLLM; each ``generate`` imports its
 engine on use.
 
 Example:
-    >>> ROLLOUT_BACKENDS.get("hf").max_tensor_parallel_size, ROLLOUT_BACKENDS.get("vllm").needs_in_process_actor
-    (1, True)
+    >>> ROLLOUT_BACKENDS.get("hf").row_seeded, ROLLOUT_BACKENDS.get("vllm").row_seeded
+    (False, True)
     >>> ROLLOUT_BACKENDS.get("hf").log_probs_are_actors, ROLLOUT_BACKENDS.get("vllm").log_probs_are_actors
     (True, False)
 """
@@ -47,8 +54,14 @@ class RolloutBackendSpec:
         generate: see :data:`GenerateFn`; called by ``ActorWorker.generate_sequences``.
         max_tensor_parallel_size: the largest ``rollout.tensor_model_parallel_size`` it runs
             with; None = any that divides the devices.
-        needs_in_process_actor: its engine lives beside the actor's one rank in the driver
-            process, so it needs a worker backend whose ranks run in the driver.
+        why_max_tensor_parallel: the reason, for the message refusing a larger one.
+        runs_tensor_parallel: a tensor-parallel degree above 1 that the config accepts also
+            runs; False: the run refuses it as not implemented.
+        row_seeded: a call seeded s samples row i with its own seed s + i, independent of the
+            other rows (vLLM's per-request seed), so data-parallel rank k, whose chunk starts at
+            row k × len(chunk) of the batch, seeds with s + k × len(chunk) and any rank count
+            samples the batch's rows alike; otherwise the call draws from one generator and
+            each rank gets a seed of its own (``roles.rank_seed``).
         log_probs_are_actors: its ``rollout_log_probs`` are log softmax(raw logits /
             temperature) of the actor's own module with the step's pre-update weights, the
             quantity the old_log_prob stage recomputes; they differ from a recompute only by
@@ -58,7 +71,9 @@ class RolloutBackendSpec:
 
     generate: GenerateFn
     max_tensor_parallel_size: int | None
-    needs_in_process_actor: bool
+    why_max_tensor_parallel: str
+    runs_tensor_parallel: bool
+    row_seeded: bool
     log_probs_are_actors: bool
 
 
@@ -93,7 +108,9 @@ ROLLOUT_BACKENDS.add(
     RolloutBackendSpec(
         generate=_hf_generate,
         max_tensor_parallel_size=1,
-        needs_in_process_actor=False,
+        why_max_tensor_parallel="it generates on the actor rank's own module",
+        runs_tensor_parallel=False,
+        row_seeded=False,
         log_probs_are_actors=True,
     ),
 )
@@ -102,7 +119,9 @@ ROLLOUT_BACKENDS.add(
     RolloutBackendSpec(
         generate=_vllm_generate,
         max_tensor_parallel_size=None,
-        needs_in_process_actor=True,
+        why_max_tensor_parallel="",
+        runs_tensor_parallel=False,  # one engine per actor rank; external_launcher not yet
+        row_seeded=True,
         log_probs_are_actors=False,  # its own kernels (and dtype): the recompute is the actor's
     ),
 )

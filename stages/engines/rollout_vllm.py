@@ -141,6 +141,9 @@ class VLLMRollout:
         self.weight_transfer = weight_transfer
         self.allow_truncated_log_probs = allow_truncated_log_probs
         self.max_model_len = max_model_len
+        # a rank's engine joins the torch.distributed world the rank already has (vLLM builds
+        # its groups from it); closing the engine must leave that world to the rank's DeepSpeed
+        self._joined_world = torch.distributed.is_initialized()
         self._asleep: set[str] = set()
         self._warned_no_sleep = False
         self.llm = LLM(
@@ -295,22 +298,56 @@ class VLLMRollout:
             self.wake_up(None)
 
     def close(self) -> None:
-        """Shut the engine (and its worker processes) down and release its memory."""
+        """Shut the engine (and its worker processes) down and release its memory. vLLM's
+        process groups go with it; the torch.distributed world goes too only when the engine
+        created it (an engine built in a rank's existing world leaves the world to the rank)."""
         llm = getattr(self, "llm", None)
         if llm is None:
             return
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        from vllm.distributed.parallel_state import (
+            cleanup_dist_env_and_memory,
+            destroy_model_parallel,
+        )
 
-        llm.llm_engine.engine_core.shutdown()
-        del self.llm
-        gc.collect()
-        cleanup_dist_env_and_memory()
+        if self._joined_world:
+            _shut_down_in_world(llm)
+            del self.llm, llm
+            gc.collect()
+            destroy_model_parallel()
+        else:
+            llm.llm_engine.engine_core.shutdown()
+            del self.llm, llm
+            gc.collect()
+            cleanup_dist_env_and_memory()
 
     def __enter__(self) -> VLLMRollout:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _shut_down_in_world(llm: Any) -> None:
+    """``EngineCore.shutdown`` of an in-process engine without its last act: vLLM's shutdown
+    ends with ``cleanup_dist_env_and_memory``, which destroys torch.distributed's default group
+    — the rank's own world when the engine joined one. The in-process client's finalizer (which
+    would call it when the engine is freed) is detached, and the executor and the scheduler are
+    shut down as ``vllm.v1.engine.core.EngineCore.shutdown`` does it (releases in TESTED_VLLM)."""
+    client = llm.llm_engine.engine_core  # InprocClient: .engine_core, ._finalizer
+    core, finalizer = getattr(client, "engine_core", None), getattr(client, "_finalizer", None)
+    if core is None or finalizer is None:
+        raise RuntimeError(
+            f"cannot shut this vLLM engine ({type(client).__name__}) down without destroying the "
+            "rank's torch.distributed world: build it with in_process=True in a rank, on a vLLM "
+            "release whose in-process client this module knows (TESTED_VLLM)"
+        )
+    finalizer.detach()
+    core.structured_output_manager.clear_backend()
+    if core.model_executor:
+        core.model_executor.shutdown()
+    if core.scheduler:
+        core.scheduler.shutdown()
+    gc.unfreeze()
 
 
 def _restore(name: str, value: str | None) -> None:

@@ -14,8 +14,11 @@ on one node (one machine, the usual case) MASTER_ADDR is 127.0.0.1; when the ran
 nodes of a Ray cluster it is rank 0's node IP (as Ray reports it), which the other nodes must be
 able to reach on that port. LOCAL_RANK is the rank's index among the ranks on its node, or 0 when each rank holds
 a GPU (Ray then restricts CUDA_VISIBLE_DEVICES to that one GPU, which is cuda:0 in the actor).
-Placement is Ray's default scheduling (no placement group): on a multi-node cluster, start the
-group on a cluster whose free resources are exactly the ranks' if they must be packed by node.
+Placement: one Ray placement group per node of ranks (``ranks_per_node`` bundles of the rank's
+CPUs and GPU, strategy STRICT_PACK), rank r in bundle r mod ``ranks_per_node`` of group
+r // ``ranks_per_node``: a node's ranks land on one machine together (their NCCL traffic stays on
+NVLink), or the group waits for such a machine and says so after ``startup_timeout_s``. The
+placement groups are removed when the group closes.
 
 Environment of every actor, from process start (Ray ``runtime_env`` env_vars): OMP_NUM_THREADS =
 ``num_cpus_per_rank``, TORCH_EXTENSIONS_DIR passed through from the driver when set (DeepSpeed's
@@ -265,6 +268,8 @@ class RayWorkerGroup:
             module-level function of a module the actors can import).
         world_size: number of data-parallel ranks.
         num_cpus_per_rank / num_gpus_per_rank: Ray resources reserved per rank.
+        ranks_per_node: ranks packed on one node (one STRICT_PACK placement group each);
+            None = all of them; must divide ``world_size``.
         env: extra environment variables for every rank (strings).
         ray_init: extra ``ray.init`` arguments, used only if this group starts Ray
             (e.g. ``{"object_store_memory": 200 * 1024**2}``); a local instance stays on
@@ -282,6 +287,7 @@ class RayWorkerGroup:
         *,
         num_cpus_per_rank: float = 1,
         num_gpus_per_rank: float = 0,
+        ranks_per_node: int | None = None,
         env: dict[str, str] | None = None,
         ray_init: dict[str, Any] | None = None,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
@@ -297,11 +303,24 @@ class RayWorkerGroup:
                 f"num_cpus_per_rank must be > 0 and num_gpus_per_rank ≥ 0, got "
                 f"{num_cpus_per_rank} and {num_gpus_per_rank}"
             )
+        ranks_per_node = world_size if ranks_per_node is None else ranks_per_node
+        if (
+            isinstance(ranks_per_node, bool)
+            or not isinstance(ranks_per_node, int)
+            or ranks_per_node < 1
+            or world_size % ranks_per_node
+        ):
+            raise ValueError(
+                f"ranks_per_node must be an int ≥ 1 dividing world_size={world_size}, got "
+                f"{ranks_per_node!r}"
+            )
         env = _check_env(env)
         self._ray = import_ray()
         self.world_size = world_size
+        self.ranks_per_node = ranks_per_node
         self.failure_grace_s = failure_grace_s
         self._actors: list[Any] = []
+        self._placement_groups: list[Any] = []
         self._owns_ray = False
         try:
             self._start_ray(
@@ -352,11 +371,20 @@ class RayWorkerGroup:
         if os.environ.get("TORCH_EXTENSIONS_DIR"):
             process_env["TORCH_EXTENSIONS_DIR"] = os.environ["TORCH_EXTENSIONS_DIR"]
         process_env.update(env)
-        host = ray.remote(_RankHost).options(
-            num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": process_env}
-        )
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        host = ray.remote(_RankHost)
+        self._placement_groups = self._reserve_nodes(num_cpus, num_gpus, timeout)
         self._actors = [
-            host.remote(rank, self.world_size, factory, kwargs, timeout)
+            host.options(
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                runtime_env={"env_vars": process_env},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._placement_groups[rank // self.ranks_per_node],
+                    placement_group_bundle_index=rank % self.ranks_per_node,
+                ),
+            ).remote(rank, self.world_size, factory, kwargs, timeout)
             for rank in range(self.world_size)
         ]
         try:
@@ -371,6 +399,27 @@ class RayWorkerGroup:
             [ip for ip, _ in placements], placements[0][1], gpu_per_rank=num_gpus > 0
         )
         self._gather([a.build.remote(e) for a, e in zip(self._actors, envs)], "build")
+
+    def _reserve_nodes(self, num_cpus: float, num_gpus: float, timeout: float) -> list[Any]:
+        """One STRICT_PACK placement group per node of ranks (module docstring), ready."""
+        from ray.util.placement_group import placement_group
+
+        bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
+        nodes = self.world_size // self.ranks_per_node
+        groups = [
+            placement_group([dict(bundle)] * self.ranks_per_node, strategy="STRICT_PACK")
+            for _ in range(nodes)
+        ]
+        self._placement_groups = groups  # close() removes them if they never become ready
+        try:
+            self._ray.get([g.ready() for g in groups], timeout=timeout)
+        except self._ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"no {nodes} node(s) with {self.ranks_per_node} × ({bundle}) free each came up "
+                f"within {timeout:.0f} s for the {self.world_size} ranks (one STRICT_PACK placement "
+                f"group per node); cluster resources now: {self._ray.available_resources()}"
+            ) from None
+        return groups
 
     def call(
         self, method: str, batch: DataProto, *, allow_padding: bool = True, **kwargs: Any
@@ -388,13 +437,20 @@ class RayWorkerGroup:
         return self._gather(refs, method)
 
     def close(self) -> None:
-        """Kill the rank actors; shut Ray down if this group started it. Safe to call twice."""
+        """Kill the rank actors, remove their placement groups; shut Ray down if this group
+        started it. Safe to call twice."""
         actors, self._actors = self._actors, []
+        groups, self._placement_groups = self._placement_groups, []
         if not self._ray.is_initialized():  # someone shut Ray down already: the actors are gone
             self._owns_ray = False
             return
         for actor in actors:
             self._ray.kill(actor)
+        if groups:
+            from ray.util.placement_group import remove_placement_group
+
+            for group in groups:
+                remove_placement_group(group)
         if self._owns_ray:
             self._owns_ray = False
             self._ray.shutdown()

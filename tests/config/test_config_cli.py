@@ -96,7 +96,8 @@ def test_show_layout_prints_processes_roles_and_devices() -> None:
     lines = result.output.splitlines()
     assert lines[0] == (
         "8 ranks (2 nodes × 4), backend ray; colocated: every role of a rank in one process; "
-        "8 rank processes, 4 GPUs per node (8 in all)"
+        "8 rank processes, 4 GPUs per node (8 in all); each node's ranks of a group in one "
+        "STRICT_PACK placement group"
     )
     assert len(lines) == 9  # one per rank process
     assert lines[8] == (
@@ -143,4 +144,7 @@ def test_show_layout_of_roles_apart_and_of_a_refused_layout() -> None:
         ],
     )
     assert refused.exit_code == 2
-    assert "error: actor_rollout_ref.rollout.name=vllm runs its engine beside" in refused.output
+    assert (
+        "error: actor_rollout_ref.rollout.tensor_model_parallel_size=2: each actor rank holds a "
+        "vllm engine of its own"
+    ) in refused.output  # grpo.yaml keeps verl's TP 2

@@ -171,7 +171,9 @@ def rollout_backend():
         RolloutBackendSpec(
             generate=lambda worker, prompts, settings: prompts,
             max_tensor_parallel_size=2,
-            needs_in_process_actor=False,
+            why_max_tensor_parallel="the test says so",
+            runs_tensor_parallel=True,
+            row_seeded=False,
             log_probs_are_actors=False,
         ),
     )
@@ -185,10 +187,10 @@ def test_tensor_parallelism_is_bounded_by_the_backend_entry(rollout_backend) -> 
     assert _load(f"actor_rollout_ref.rollout.name={name}", f"{tp}=2")
     with pytest.raises(
         ConfigError,
-        match=rf"= 4 but rollout.name = '{name}' runs with at most 2; set it to 2 or less",
+        match=rf"= 4 but rollout.name = '{name}' runs with at most 2 \(the test says so\); set it to 2 or less",
     ):
         _load(f"actor_rollout_ref.rollout.name={name}", f"{tp}=4")
-    assert _load(f"{tp}=4").actor_rollout_ref.rollout.name == "vllm"  # no limit
+    assert _load(f"{tp}=4").actor_rollout_ref.rollout.name == "vllm"  # validates (verl's)
 
 
 BYPASS = "algorithm.rollout_correction.bypass_mode"

@@ -31,10 +31,10 @@ def test_gpu_recipes_load_with_the_documented_settings(name, nnodes, model):
     assert (trainer.n_gpus_per_node, trainer.nnodes, trainer.device) == (8, nnodes, "cuda")
     assert cfg.ppoflow.workers.backend == "ray"
     assert arr.model.path == model
-    assert arr.rollout.name == "vllm" and arr.rollout.tensor_model_parallel_size == 2
-    assert arr.actor.zero_stage == 3 and arr.ref.param_offload
-    # each vLLM engine fits inside one machine; every rank gets whole micro-batches
-    assert trainer.n_gpus_per_node % arr.rollout.tensor_model_parallel_size == 0
+    # one vLLM engine per rank, in the rank's process beside its actor and reference
+    assert arr.rollout.name == "vllm" and arr.rollout.tensor_model_parallel_size == 1
+    assert arr.actor.zero_stage == 3 and arr.ref.param_offload and arr.rollout.free_cache_engine
+    assert cfg.ppoflow.workers.colocate
     dp = trainer.n_gpus_per_node * trainer.nnodes
     per_rank = arr.actor.ppo_mini_batch_size * arr.rollout.n // dp
     assert per_rank == 40 and per_rank % arr.actor.ppo_micro_batch_size_per_gpu == 0
@@ -46,6 +46,23 @@ def test_config_show_prints_the_recipe(config, monkeypatch):
     result = CliRunner().invoke(app, ["config", "show", "--config", config])
     assert result.exit_code == 0, result.output
     assert "backend: ray" in result.output and "name: vllm" in result.output
+
+
+@pytest.mark.parametrize(("config", "ranks"), [("gpu-8x", 8), ("gpu-2node", 16)])
+def test_the_recipes_pass_the_run_checks_and_print_their_layout(config, ranks, monkeypatch):
+    """What `ppoflow train` checks before it builds an engine passes (the GPU count aside: this
+    machine has none), and the layout is one colocated process per rank, each with vLLM."""
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'ppoflow[ray]'")
+    from flows.engines import check_backend
+
+    monkeypatch.chdir(REPO)
+    check_backend(load_config(REPO / "configs" / f"{config}.yaml"))
+    result = CliRunner().invoke(app, ["config", "show", "--layout", "--config", config])
+    assert result.exit_code == 0 and "error" not in result.output, result.output
+    lines = result.output.splitlines()
+    assert f"{ranks} rank processes" in lines[0] and "STRICT_PACK" in lines[0]
+    assert len(lines) == 1 + ranks
+    assert all("actor (DeepSpeed ZeRO-3, rollout vllm) + ref (ZeRO-3" in line for line in lines[1:])
 
 
 def documented_keys(text: str) -> set[str]:

@@ -1,7 +1,8 @@
-"""A tiny Qwen2 causal LM on disk and rollout-shaped batches for the engine tests."""
+"""A tiny Qwen2 causal LM on disk, rollout-shaped batches and a Prefect server for the engine tests."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from dataproto import DataProto
 
 VOCAB, PAD, EOS = 67, 0, 2
+
+#: a plugin module that registers a rollout backend when imported (test_vllm_on_ray imports it)
+collect_ignore = ["vllm_greedy_check.py"]
 
 
 @pytest.fixture(scope="session")
@@ -87,3 +91,18 @@ def scaled_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 parameter.mul_(6.0)
     model.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    """A temporary Prefect server and database for a module's flow runs (the flows tests'
+    session harness lives in tests/flows/conftest.py, out of this directory's reach)."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    with (
+        prefect_test_harness(server_startup_timeout=120),
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
+        yield

@@ -32,8 +32,12 @@ def test_builtin_entries_declare_their_needs() -> None:
     assert (local.ranks_in_driver, local.max_world_size) == (True, 1)
     assert (ray.ranks_in_driver, ray.max_world_size) == (False, None)
     hf, vllm = ROLLOUT_BACKENDS.get("hf"), ROLLOUT_BACKENDS.get("vllm")
-    assert (hf.max_tensor_parallel_size, hf.needs_in_process_actor) == (1, False)
-    assert (vllm.max_tensor_parallel_size, vllm.needs_in_process_actor) == (None, True)
+    assert (hf.max_tensor_parallel_size, hf.row_seeded) == (1, False)
+    assert (vllm.max_tensor_parallel_size, vllm.runs_tensor_parallel, vllm.row_seeded) == (
+        None,
+        False,
+        True,
+    )
 
 
 class _Missing(ImportError):
@@ -47,7 +51,7 @@ def _unavailable() -> None:
 @pytest.fixture
 def backends():
     """A worker backend with ranks in other processes (deps missing), a capped in-driver one,
-    and a rollout backend that needs the actor in the driver."""
+    and two rollout backends, one row-seeded."""
     WORKER_BACKENDS.add(
         "test_remote",
         WorkerBackendSpec(
@@ -66,19 +70,23 @@ def backends():
             check_available=lambda: None,
         ),
     )
-    ROLLOUT_BACKENDS.add(
-        "test_beside_actor",
-        RolloutBackendSpec(
-            generate=lambda worker, prompts, settings: ("generated", worker, settings),
-            max_tensor_parallel_size=None,
-            needs_in_process_actor=True,
-            log_probs_are_actors=False,
-        ),
-    )
+    for name, row_seeded in (("test_row_seeded", True), ("test_one_generator", False)):
+        ROLLOUT_BACKENDS.add(
+            name,
+            RolloutBackendSpec(
+                generate=lambda worker, prompts, settings: ("generated", worker, settings),
+                max_tensor_parallel_size=None,
+                why_max_tensor_parallel="",
+                runs_tensor_parallel=False,
+                row_seeded=row_seeded,
+                log_probs_are_actors=False,
+            ),
+        )
     yield
     WORKER_BACKENDS.remove("test_remote")
     WORKER_BACKENDS.remove("test_pair")
-    ROLLOUT_BACKENDS.remove("test_beside_actor")
+    ROLLOUT_BACKENDS.remove("test_row_seeded")
+    ROLLOUT_BACKENDS.remove("test_one_generator")
 
 
 def demo_config(*overrides: str):
@@ -99,15 +107,23 @@ def test_world_size_is_bounded_by_the_backend_entry(backends) -> None:
         )
 
 
-def test_a_rollout_that_needs_the_actor_in_the_driver_is_refused_elsewhere(backends) -> None:
-    config = demo_config(
-        "ppoflow.workers.backend=test_remote", "actor_rollout_ref.rollout.name=test_beside_actor"
-    )
-    with pytest.raises(
-        NotImplementedError, match=r"rollout\.name=test_beside_actor runs .*\(not test_remote\)"
-    ):
-        check_backend(config)
-    check_backend(demo_config("actor_rollout_ref.rollout.name=test_beside_actor"))  # local: fine
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_a_row_seeded_rollout_seeds_a_rank_by_its_first_row(backends, monkeypatch, rank) -> None:
+    """Rank k of a 4-row chunk seeds row-seeded backends with s + 4k (its rows' seeds are the
+    1-rank run's), the others with a seed of the rank's own."""
+    from stages.engines import roles
+
+    monkeypatch.setattr(roles, "_rank", lambda: rank)
+    tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+    prompts = DataProto.from_dict({"input_ids": torch.ones(4, 3)})
+    seed = 2**62 + 5  # above rank_seed's range: reduced as on one rank
+    seeds = {}
+    for name in ("test_row_seeded", "test_one_generator"):
+        config = demo_config(f"actor_rollout_ref.rollout.name={name}")
+        worker = SimpleNamespace(config=config, tokenizer=tokenizer)
+        seeds[name] = ActorWorker.generate_sequences(worker, prompts, seed=seed)[2].seed
+    assert seeds["test_row_seeded"] == 5 + 4 * rank
+    assert seeds["test_one_generator"] == roles.rank_seed(seed, rank)
 
 
 def test_the_backend_checks_its_own_dependencies(backends) -> None:
@@ -122,7 +138,7 @@ def test_make_worker_group_uses_the_entry(backends) -> None:
 
 
 def test_the_actor_generates_with_the_configured_entry(backends) -> None:
-    config = demo_config("actor_rollout_ref.rollout.name=test_beside_actor")
+    config = demo_config("actor_rollout_ref.rollout.name=test_row_seeded")
     tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
     worker = SimpleNamespace(config=config, tokenizer=tokenizer)
     prompts = DataProto(batch=None, non_tensor_batch={}, meta_info={})

@@ -308,6 +308,48 @@ def test_weight_sync_across_processes(model_dir, tmp_path):
     assert done.returncode == 0 and "MULTIPROCESS SYNC OK" in done.stdout, done.stderr[-3000:]
 
 
+def world_kept_check(model_dir: str, store_path: str) -> None:
+    """Run in a fresh interpreter: engines built in a rank's torch.distributed world (a gloo
+    world of 1 made first, as a Ray rank's is) leave the world to the rank when they close."""
+    torch.distributed.init_process_group(
+        "gloo", store=torch.distributed.FileStore(store_path, 1), rank=0, world_size=1
+    )
+    hf_model = load_causal_lm(model_dir, dtype=torch.float32).eval()
+    prompts, greedy = prompt_batch([5, 3], width=5, seed=3), settings(do_sample=False)
+    for _ in range(2):  # the second engine is built in the world the first one left
+        with VLLMRollout(
+            model_dir,
+            dtype="float32",
+            max_model_len=MAX_MODEL_LEN,
+            kv_cache_memory_bytes=64 << 20,
+            gpu_memory_utilization=0.2,
+            in_process=True,
+        ) as engine:
+            responses = engine.generate_sequences(prompts, greedy).batch["responses"]
+            assert torch.equal(responses, hf_greedy(hf_model, prompts))
+        assert torch.distributed.is_initialized(), "closing the engine destroyed the rank's world"
+        total = torch.ones(1)
+        torch.distributed.all_reduce(total)  # the rank's collectives still run
+    torch.distributed.destroy_process_group()
+    print("WORLD KEPT OK")
+
+
+@pytest.mark.slow
+def test_an_engine_in_a_ranks_world_leaves_it_on_close(model_dir, tmp_path):
+    """vLLM's own shutdown destroys torch.distributed's default group; a rank's DeepSpeed needs
+    it after the rank's engine is closed (fresh interpreter: no world of this module's engine)."""
+    code = (
+        f"import sys; sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[2])!r}]\n"
+        "import test_rollout_vllm as t\n"
+        f"t.world_kept_check({str(model_dir)!r}, {str(tmp_path / 'store')!r})\n"
+    )
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0 and "WORLD KEPT OK" in done.stdout, done.stderr[-3000:]
+
+
 def test_an_engine_layout_other_than_the_one_vllm_read_is_refused(rollout, model_dir):
     before = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
     with pytest.raises(RuntimeError, match="in_process=False, but vLLM had already read"):

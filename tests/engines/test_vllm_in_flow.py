@@ -39,21 +39,6 @@ RESPONSE_LENGTH = 8
 
 
 @pytest.fixture(scope="module")
-def prefect_server():
-    """A temporary Prefect server and database for this module's flow run (the flows tests'
-    session harness lives in tests/flows/conftest.py, out of this directory's reach)."""
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    with (
-        prefect_test_harness(server_startup_timeout=120),
-        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
-    ):
-        yield
-
-
-@pytest.fixture(scope="module")
 def demo_inputs(tmp_path_factory, make_demo_inputs) -> Path:
     return make_demo_inputs(tmp_path_factory.mktemp("demo-vllm"), n_train=16, n_val=4)
 
