@@ -52,19 +52,23 @@ def hf_model(model_dir):
     return load_causal_lm(model_dir, dtype=torch.float32).to(DEVICE).eval()
 
 
-@pytest.fixture(scope="module")
-def rollout(model_dir, tmp_path_factory):
-    os.environ.setdefault("VLLM_RPC_BASE_PATH", str(tmp_path_factory.mktemp("vllm-rpc")))
-    engine = VLLMRollout(
+def tiny_engine(model_dir, **kwargs) -> VLLMRollout:
+    """An fp32 engine for the tiny model with a 64 MiB KV cache (``kwargs``: the rest)."""
+    return VLLMRollout(
         model_dir,
         dtype="float32",
         max_model_len=MAX_MODEL_LEN,
         kv_cache_memory_bytes=64 << 20,
         gpu_memory_utilization=0.2,
-        enforce_eager=True,
-        seed=0,
-        in_process=True,  # as the module's VLLM_ENABLE_V1_MULTIPROCESSING=0 has it already
+        **kwargs,
     )
+
+
+@pytest.fixture(scope="module")
+def rollout(model_dir, tmp_path_factory):
+    os.environ.setdefault("VLLM_RPC_BASE_PATH", str(tmp_path_factory.mktemp("vllm-rpc")))
+    # in_process: as the module's VLLM_ENABLE_V1_MULTIPROCESSING=0 has it already
+    engine = tiny_engine(model_dir, enforce_eager=True, seed=0, in_process=True)
     assert engine.in_process
     with engine:
         yield engine
@@ -270,13 +274,7 @@ def multiprocess_sync_check(model_dir: str) -> None:
     hf_model = load_causal_lm(model_dir, dtype=torch.float32).eval()
     prompts = prompt_batch([150, 3, 40], width=150, seed=2)
     greedy = settings(do_sample=False)
-    with VLLMRollout(
-        model_dir,
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        kv_cache_memory_bytes=64 << 20,
-        gpu_memory_utilization=0.2,
-    ) as engine:
+    with tiny_engine(model_dir) as engine:
         assert not engine.in_process, (
             "VLLM_ENABLE_V1_MULTIPROCESSING=1 should start worker processes"
         )
@@ -317,14 +315,7 @@ def world_kept_check(model_dir: str, store_path: str) -> None:
     hf_model = load_causal_lm(model_dir, dtype=torch.float32).eval()
     prompts, greedy = prompt_batch([5, 3], width=5, seed=3), settings(do_sample=False)
     for _ in range(2):  # the second engine is built in the world the first one left
-        with VLLMRollout(
-            model_dir,
-            dtype="float32",
-            max_model_len=MAX_MODEL_LEN,
-            kv_cache_memory_bytes=64 << 20,
-            gpu_memory_utilization=0.2,
-            in_process=True,
-        ) as engine:
+        with tiny_engine(model_dir, in_process=True) as engine:
             responses = engine.generate_sequences(prompts, greedy).batch["responses"]
             assert torch.equal(responses, hf_greedy(hf_model, prompts))
         assert torch.distributed.is_initialized(), "closing the engine destroyed the rank's world"
