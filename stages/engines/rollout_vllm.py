@@ -311,13 +311,13 @@ class VLLMRollout:
 
         if self._joined_world:
             _shut_down_in_world(llm)
-            del self.llm, llm
-            gc.collect()
-            destroy_model_parallel()
         else:
             llm.llm_engine.engine_core.shutdown()
-            del self.llm, llm
-            gc.collect()
+        del self.llm, llm
+        gc.collect()
+        if self._joined_world:
+            destroy_model_parallel()
+        else:
             cleanup_dist_env_and_memory()
 
     def __enter__(self) -> VLLMRollout:

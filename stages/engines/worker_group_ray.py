@@ -374,7 +374,7 @@ class RayWorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         host = ray.remote(_RankHost)
-        self._placement_groups = self._reserve_nodes(num_cpus, num_gpus, timeout)
+        self._reserve_nodes(num_cpus, num_gpus, timeout)
         self._actors = [
             host.options(
                 num_cpus=num_cpus,
@@ -400,8 +400,9 @@ class RayWorkerGroup:
         )
         self._gather([a.build.remote(e) for a, e in zip(self._actors, envs)], "build")
 
-    def _reserve_nodes(self, num_cpus: float, num_gpus: float, timeout: float) -> list[Any]:
-        """One STRICT_PACK placement group per node of ranks (module docstring), ready."""
+    def _reserve_nodes(self, num_cpus: float, num_gpus: float, timeout: float) -> None:
+        """``self._placement_groups``: one STRICT_PACK placement group per node of ranks (module
+        docstring), ready."""
         from ray.util.placement_group import placement_group
 
         bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
@@ -419,7 +420,6 @@ class RayWorkerGroup:
                 f"within {timeout:.0f} s for the {self.world_size} ranks (one STRICT_PACK placement "
                 f"group per node); cluster resources now: {self._ray.available_resources()}"
             ) from None
-        return groups
 
     def call(
         self, method: str, batch: DataProto, *, allow_padding: bool = True, **kwargs: Any
