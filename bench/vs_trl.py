@@ -22,7 +22,8 @@ resident set over the process and the children it waited for), and the peak PSS 
 process tree (sampled every 0.25 s: shared pages split between the processes mapping them, so
 the sum is what the tree costs the machine). Printed: the medians per side,
 the per-pair ratios ppoflow ÷ TRL (< 1: ppoflow faster), ppoflow's stage breakdown (its
-``timing_s/*`` metrics), and the load average.
+``timing_s/*`` metrics), and the load average. ``--before DIR`` adds a third side in each round,
+ppoflow from another source tree (an older commit's worktree), and the ratios ppoflow ÷ before.
 """
 
 from __future__ import annotations
@@ -117,14 +118,20 @@ def tree_pss_mib(root: psutil.Process) -> float:
     return total / 2**20
 
 
-def timed(command: list[str], env: dict[str, str], log: Path) -> tuple[float, float, float, float]:
+def timed(
+    command: list[str], env: dict[str, str], log: Path, cwd: Path = REPO
+) -> tuple[float, float, float, float]:
     """(spawn wall time, exit wall time, peak RSS MiB, peak tree PSS MiB) of ``command`` under
-    GNU time; the tree's PSS is sampled every :data:`PSS_EVERY_S` seconds."""
+    GNU time, run in ``cwd``; the tree's PSS is sampled every :data:`PSS_EVERY_S` seconds."""
     spawned = time.time()
     peak_pss = 0.0
     with log.open("w") as out:
         process = subprocess.Popen(
-            ["/usr/bin/time", "-v", *command], env=env, stdout=out, stderr=subprocess.STDOUT
+            ["/usr/bin/time", "-v", *command],
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         watched = psutil.Process(process.pid)
         while process.poll() is None:
@@ -139,8 +146,16 @@ def timed(command: list[str], env: dict[str, str], log: Path) -> tuple[float, fl
 
 
 def run_ppoflow(
-    work: Path, steps: int, index: int, extra: list[str], python: Path = PPOFLOW_PY
+    work: Path,
+    steps: int,
+    index: int | str,
+    extra: list[str],
+    python: Path = PPOFLOW_PY,
+    source: Path | None = None,
 ) -> Run:
+    """One ppoflow training, in the repository; ``source``: in that source tree instead, e.g. a
+    git worktree of an older commit (``python -m`` puts the working directory first on
+    ``sys.path``, and ``PYTHONPATH`` names it too, before the editable install)."""
     run_dir = work / f"ppoflow-run-{index}"
     overrides = [
         f"data.train_files=[{work}/demo/data/train.parquet]",
@@ -158,7 +173,10 @@ def run_ppoflow(
     command = [str(python), "-m", "flows", "train", "configs/demo-cpu.yaml", *overrides]
     command += ["--run-dir", str(run_dir)]
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PREFECT_HOME": str(work / "prefect-home")}
-    spawned, exited, peak, pss = timed(command, env, work / f"ppoflow-{index}.log")
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
+    log = work / f"ppoflow-{index}.log"
+    spawned, exited, peak, pss = timed(command, env, log, source or REPO)
     journals = [json.loads((run_dir / f"step_{k}" / "journal.json").read_text()) for k in range(1, steps + 1)]  # fmt: skip
     ends = [(run_dir / f"step_{k}" / "journal.json").stat().st_mtime for k in range(1, steps + 1)]
     timings = {
@@ -220,6 +238,14 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="an extra ppoflow override, e.g. algorithm.rollout_correction.bypass_mode=true",
     )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also run ppoflow from the source tree DIR (e.g. `git worktree add DIR REV`) in "
+        "each round, before the current tree: before, ppoflow, TRL, …",
+    )
     args = parser.parse_args()
     if not BENCH_PY.exists():
         sys.exit(f"error: {BENCH_PY} does not exist; run `make bench-trl-env` first")
@@ -232,7 +258,10 @@ def main() -> None:
             subprocess.run([str(PPOFLOW_PY), "-m", "flows.cli", *command], check=True, cwd=REPO, capture_output=True)  # fmt: skip
         ours: list[Run] = []
         theirs: list[Run] = []
+        before: list[Run] = []
         for index in range(args.pairs):
+            if args.before is not None:
+                before.append(run_ppoflow(work, args.steps, f"before-{index}", [*size.ppoflow_overrides, *args.override], args.ppoflow_python, args.before))  # fmt: skip
             ours.append(run_ppoflow(work, args.steps, index, [*size.ppoflow_overrides, *args.override], args.ppoflow_python))  # fmt: skip
             theirs.append(run_trl(work, args.steps, index, size.trl_options))
             print(f"pair {index + 1}: ppoflow {ours[-1].s_per_step:.3f} s/step, TRL "
@@ -241,14 +270,20 @@ def main() -> None:
           f"{os.getloadavg()[0]:.2f}")  # fmt: skip
     if args.override or args.ppoflow_python != PPOFLOW_PY:
         print(f"  ppoflow: {args.ppoflow_python} {' '.join(args.override)}")
+    if before:
+        print(describe("before", before) + f"   ({args.before})")
     print(describe("ppoflow", ours))
     print(describe("TRL", theirs))
-    for what, key in (("s/step", "s_per_step"), ("spawn→first step", "to_first_step")):
-        ratios = sorted(
-            getattr(a, key) / getattr(b, key) for a, b in zip(ours, theirs, strict=True)
-        )
-        print(f"  ratio ppoflow ÷ TRL, {what}: {statistics.median(ratios):.2f} "
-              f"(pairs {ratios[0]:.2f}–{ratios[-1]:.2f})")  # fmt: skip
+    comparisons = [("ppoflow ÷ TRL", ours, theirs)]
+    if before:
+        comparisons.append(("ppoflow ÷ before", ours, before))
+    for label, side, baseline in comparisons:
+        for what, key in (("s/step", "s_per_step"), ("spawn→first step", "to_first_step")):
+            ratios = sorted(
+                getattr(a, key) / getattr(b, key) for a, b in zip(side, baseline, strict=True)
+            )
+            print(f"  ratio {label}, {what}: {statistics.median(ratios):.2f} "
+                  f"(pairs {ratios[0]:.2f}–{ratios[-1]:.2f})")  # fmt: skip
     breakdown = {
         name: statistics.median(run.timings[name] for run in ours)
         for name in STAGE_TIMERS

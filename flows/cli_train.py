@@ -145,12 +145,17 @@ def train_command(
 
 def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -> Any:
     """Run the train flow with the start-up output of flows/startup.py: a header line naming
-    the build, ``source`` and the run directory; the phases from Prefect's start on; library
-    output in ``<run_dir>/ppoflow.log`` until the first step, unless ``verbose``."""
+    the build, ``source`` and the run directory; the phases; library output in
+    ``<run_dir>/ppoflow.log`` until the first step, unless ``verbose``.
+
+    With Prefect's temporary server started ahead (flows/prefect_server.py), the run is opened
+    (model, data, engines, MLflow) before the flow run is created, while the server comes up, and
+    the flow takes it over; with a configured server the flow run is created first, so an
+    unreachable server fails before any model is built."""
     from flows.prefect_server import own_server_settings, started_ahead
     from flows.startup import log_file_for, startup_output
     from flows.stop_signals import exit_code, is_stop, stop_line, stop_on_signals
-    from flows.train import default_run_dir, train
+    from flows.train import close_untaken_run, default_run_dir, open_run_ahead, train
     from flows.version import ppoflow_version
     from stages.engines.checkpoint import read_latest_step
 
@@ -159,12 +164,17 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
     with stop_on_signals():
         try:
             with startup_output(header, log_file_for(run_dir), capture=not verbose) as startup:
-                startup.begin("Prefect", prefect_doing())
-                server = started_ahead()
-                if server is not None:  # launched before the imports; up by now, mostly
-                    server.wait_ready()
-                with own_server_settings():
-                    return train(cfg, [], run_dir)
+                server = started_ahead()  # launched before the imports, still starting
+                try:
+                    if server is not None:  # open the run meanwhile (the server's on another core)
+                        open_run_ahead(cfg, run_dir, startup)
+                    startup.begin("Prefect", prefect_doing())
+                    if server is not None:
+                        server.wait_ready()
+                    with own_server_settings():
+                        return train(cfg, [], run_dir)
+                finally:
+                    close_untaken_run(startup)  # the flow run never started
         except BaseException as err:
             if not is_stop(err):
                 raise

@@ -11,8 +11,10 @@ Both happen before the flow's first line, one after the other: about 14 s of a d
 (:func:`start_ahead`), before torch, transformers or Prefect are imported, and point this process
 at it through ``PREFECT_API_URL`` — Prefect reads its settings when it is first imported, so the
 variable must be in the environment by then. The server then comes up on the other core while
-the trainer imports, and the flow waits for its health check only when it needs the API
-(:meth:`TemporaryServer.wait_ready`). It is stopped when the interpreter exits, after Prefect's
+the trainer imports and opens the run, and the flow waits for its health check only when it needs
+the API (:meth:`TemporaryServer.wait_ready`). A daemon thread watches each launch: it notes when
+the server first answers and then sends a few read-only requests (:data:`WARM_UP`), so the lazy
+set-up of the server's first API calls is done before the flow run's first call. It is stopped when the interpreter exits, after Prefect's
 own exit handlers have sent their last logs and events to it (registered first, so it runs last).
 
 Ahead only where that is exact: no server configured, nothing in the process has imported Prefect
@@ -29,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -50,6 +53,14 @@ SERVER_ENV = {
 PORT_TAKEN = 3
 #: how long :meth:`TemporaryServer.stop` waits for a graceful exit before it kills
 STOP_GRACE_S = 5.0
+#: read-only requests sent once the server is healthy: the first API calls after its start do
+#: lazy set-up (the database engine, the routes' models), about 1 s on a 2-core machine that the
+#: flow run's first calls (the API-version check, creating the flow) would otherwise wait for
+WARM_UP = (
+    ("GET", "/admin/version", None),
+    ("POST", "/flows/filter", b'{"limit": 1}'),
+    ("POST", "/flow_runs/filter", b'{"limit": 1}'),
+)
 
 
 def free_port() -> int:
@@ -71,6 +82,7 @@ class TemporaryServer:
         self.ready_after: float | None = None  # seconds from launch to the first healthy answer
         self.process: subprocess.Popen | None = None
         self.port = 0
+        self._healthy_after: dict[int, float] = {}  # port → when the watcher first saw it healthy
         self._launch()
 
     @property
@@ -94,6 +106,22 @@ class TemporaryServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+        threading.Thread(
+            target=self._watch, args=(self.process, self.port), name="prefect-server-watch",
+            daemon=True,
+        ).start()  # fmt: skip
+
+    def _watch(self, process: subprocess.Popen, port: int) -> None:
+        """Beside the caller (a daemon thread per launch): note when the server on ``port``
+        first answers its health check, then warm it up (:data:`WARM_UP`), so the run's first
+        API calls find it ready. Ends when that process exits or the server was stopped."""
+        while process.poll() is None and self.process is process:
+            if self._healthy(port):
+                self._healthy_after[port] = time.perf_counter() - self.began
+                for method, path, body in WARM_UP:
+                    self._ask(port, method, path, body)
+                return
+            time.sleep(0.05)
 
     def command(self) -> list[str]:
         """The server's command line: Prefect's own for its temporary server, on :attr:`port`."""
@@ -125,7 +153,8 @@ class TemporaryServer:
             return self.ready_after
         if timeout_s is None:
             timeout_s = float(os.environ.get(PREFECT_STARTUP, "20"))
-        deadline = self.began + timeout_s
+        # counted from this call, not the launch: the run may have been opening meanwhile
+        deadline = time.perf_counter() + timeout_s
         while True:
             code = self.process.poll()
             if code == PORT_TAKEN:
@@ -135,20 +164,34 @@ class TemporaryServer:
                     f"Prefect's temporary server exited with status {code} before answering: "
                     f"{self.output_tail()} (its output: {self.log_path})"
                 )
-            elif self._healthy():
-                self.ready_after = time.perf_counter() - self.began
+            elif self._healthy(self.port):
+                now = time.perf_counter() - self.began
+                self.ready_after = self._healthy_after.get(self.port, now)
                 return self.ready_after
             if time.perf_counter() > deadline:
                 self.stop()
                 raise RuntimeError(startup_timeout_line(timeout_s))
             time.sleep(0.05)
 
-    def _healthy(self) -> bool:
+    def _healthy(self, port: int) -> bool:
+        return self._ask(port, "GET", "/health") == 200
+
+    @staticmethod
+    def _ask(port: int, method: str, path: str, body: bytes | None = None) -> int | None:
+        """One request to the API on ``port``: its HTTP status, or None when it did not answer."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api{path}",
+            data=body,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
         try:
-            with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
-                return response.status == 200
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as err:
+            return err.code
         except (urllib.error.URLError, OSError):
-            return False
+            return None
 
     def output_tail(self, lines: int = 3) -> str:
         text = Path(self.log_path).read_text(errors="replace").strip().splitlines()

@@ -1,17 +1,22 @@
 """What a run does before its first step, in ppoflow's own voice; the libraries' output in a file.
 
-A run opens in phases (Prefect, data, model, engines, MLflow). Each phase, when it ends, prints
+A run opens in phases (model, data, engines, MLflow, Prefect). Each phase, when it ends, prints
 one line with its result and its time, and logs the same line at INFO to the flow run's logger
-(``ppoflow: data: 2000 train / 64 val prompts (0.2 s)``), so a deployment's logs show them too::
+once there is one (``ppoflow: data: 2000 train / 64 val prompts (0.2 s)``), so a deployment's
+logs show them too::
 
     ppoflow 0.1.0 · demo-cpu + 3 overrides · run dir outputs/demo/runs/grpo-tiny-…
-      Prefect  temporary server ready, flow run 'witty-owl'              9.8 s
+      model    qwen2, 2 layers, hidden 64, vocab 40 (outputs/demo/model)  1.2 s
       data     2000 train / 64 val prompts                               0.2 s
-      model    qwen2, 2 layers, hidden 64, vocab 40 (outputs/demo/model)  0.1 s
-      engines  reward: reward_loop                                       1.1 s
+      engines  reward: reward_loop                                       0.1 s
       engines  actor: DeepSpeed ZeRO-0, 1 rank, rollout hf               2.0 s
-      MLflow   run 6f1c2e0a in sqlite:///outputs/mlflow.db               1.2 s
-    ready in 14.4 s · library messages in outputs/demo/runs/grpo-tiny-…/ppoflow.log
+      MLflow   run 6f1c2e0a in sqlite:///outputs/mlflow.db               0.8 s
+      Prefect  temporary server up in 6.1 s (started ahead), flow run 'witty-owl'  0.8 s
+    ready in 5.6 s · library messages in outputs/demo/runs/grpo-tiny-…/ppoflow.log
+
+The Prefect phase comes last when the command line started Prefect's temporary server ahead (the
+run opens while it comes up, flows/cli_train.py ``train_in_phases``), first otherwise (a
+configured server, a deployment).
 
 On a terminal a spinner names the phase in progress. A phase that fails prints
 ``  engines  actor: failed after 0.8 s`` and the error follows from the command.
@@ -91,6 +96,9 @@ class Startup:
         self._open: _Phase | None = None
         self._status: Any = None
         self._ready = False
+        #: (config, run directory, run) opened by the command line before the flow began, until
+        #: the flow takes it over (flows/train.py ``open_run_ahead`` / ``take_opened_run``)
+        self.opened: tuple[Any, str, Any] | None = None
 
     @property
     def pending(self) -> str | None:

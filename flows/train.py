@@ -24,6 +24,11 @@
    while the next step computes (``flows.publisher``);
 5. a summary; the engines and the reward pool are closed in ``finally``.
 
+Steps 1–3 may happen before the flow run exists: ``ppoflow train`` / ``resume`` open the run
+while Prefect's temporary server is still starting (:func:`open_run_ahead`), and the flow takes
+that run over when it is called with the same config object and run directory
+(:func:`take_opened_run`); a flow run that cannot start closes it (:func:`close_untaken_run`).
+
 The flow's first statement logs ``ppoflow: loading config …`` through Prefect's run logger, so
 a deployment run shows a line of ppoflow's as soon as the flow starts; the run directory, every
 step's progress line, the validation lines and the summary follow on the same logger
@@ -244,6 +249,48 @@ def _open_locked(cfg: PPORunConfig, store: RunStore, startup: Startup) -> TrainR
     return run
 
 
+def open_run_ahead(cfg: PPORunConfig, run_dir: str, startup: Startup) -> TrainRun:
+    """:func:`open_run` before the flow run exists, for the flow to take over
+    (:func:`take_opened_run`): the command line opens the run while Prefect's temporary server is
+    still starting on the other core, instead of after it. Kept on ``startup`` with the config
+    object and run directory it was opened for."""
+    run = open_run(cfg, run_dir, startup)
+    startup.opened = (cfg, run_dir, run)
+    return run
+
+
+def take_opened_run(
+    startup: Startup, config: Any, overrides: Sequence[str], run_dir: str | None
+) -> TrainRun | None:
+    """The run :func:`open_run_ahead` opened, when the flow was called with that same config
+    object, no overrides and the same run directory (it is then the flow's to close); else None."""
+    if startup.opened is None:
+        return None
+    cfg, opened_dir, run = startup.opened
+    if cfg is not config or list(overrides or ()) or run_dir != opened_dir:
+        return None
+    startup.opened = None
+    return run
+
+
+def close_untaken_run(startup: Startup) -> None:
+    """Close a run :func:`open_run_ahead` opened that no flow took over (the flow run could not
+    start): its engines, its metric sinks (the MLflow run ends FAILED) and the run directory's
+    lock. A no-op once a flow has taken it."""
+    if startup.opened is None:
+        return
+    run = startup.opened[2]
+    startup.opened = None
+    try:
+        close_engines(run.engines)
+    finally:
+        try:
+            run.sinks.close("FAILED")
+        finally:
+            if run.lock is not None:
+                run.lock.release()
+
+
 def record_run_info(run: TrainRun) -> None:
     """``<run_dir>/run_info.json`` (flows/run_identity.py ``run_info``): written when the run
     opens, at each checkpoint and at the end, so an MLflow run id that an outage delayed gets
@@ -428,8 +475,10 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
     startup.logger = log
     if startup.pending == "Prefect":  # begun by the command line before the flow started
         startup.end(describe_prefect(flow_run.get_name()))
-    cfg = resolve_config(config, overrides)
-    run = open_run(cfg, run_dir, startup)
+    run = take_opened_run(startup, config, overrides, run_dir)
+    if run is None:
+        run = open_run(resolve_config(config, overrides), run_dir, startup)
+    cfg = run.cfg
     startup.ready()
     run.progress.logger = log  # step and validation lines also go to the flow run's logs
     log.info("ppoflow: run directory %s, %d steps", run.store.root, run.total_steps)

@@ -15,6 +15,7 @@ import pytest
 from flows import prefect_server
 from flows.prefect_server import (
     OWN_SERVER,
+    WARM_UP,
     TemporaryServer,
     can_start_ahead,
     describe_prefect,
@@ -120,6 +121,60 @@ def test_a_server_that_does_not_answer_is_stopped_and_named(tmp_path):
     assert "did not answer within 0.5 s" in str(raised.value)
     assert process.poll() is not None  # stopped, not left behind
     assert not (tmp_path / "server.log").exists()  # it wrote nothing: no empty log left
+
+
+RECORDING_SERVER = """
+import http.server, sys, time
+log = open(sys.argv[1], "a", buffering=1)
+time.sleep(0.5)  # comes up a little after its launch, as a real server does
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def answer(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode()
+        log.write(f"{self.command} {self.path} {body}\\n")
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+    do_GET = do_POST = answer
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), Handler).serve_forever()
+"""
+
+
+class RecordingServer(TemporaryServer):
+    """Answers 200 to everything and writes each request to ``<log_path>.requests``."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", RECORDING_SERVER, f"{self.log_path}.requests", str(self.port)]
+
+
+def test_the_server_is_watched_from_its_launch_and_warmed_up_once_healthy(tmp_path):
+    server = RecordingServer(str(tmp_path / "server.log"))
+    try:
+        requests = tmp_path / "server.log.requests"
+        deadline = time.monotonic() + 30
+        # nobody called wait_ready: the watcher alone sees it come up and sends the warm-up
+        while time.monotonic() < deadline and len(lines(requests)) < 1 + len(WARM_UP):
+            time.sleep(0.05)
+        assert lines(requests) == [
+            "GET /api/health ",
+            "GET /api/admin/version ",
+            'POST /api/flows/filter {"limit": 1}',
+            'POST /api/flow_runs/filter {"limit": 1}',
+        ]
+        time.sleep(0.5)
+        ready = server.wait_ready(timeout_s=10)
+        # the time the watcher saw it healthy (after its 0.5 s), not the time of this call
+        assert 0.5 <= ready < time.perf_counter() - server.began - 0.4
+    finally:
+        server.stop()
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
 
 
 RUN_A_FLOW = """

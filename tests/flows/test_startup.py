@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -214,3 +215,81 @@ def test_a_failed_start_from_the_command_line_shows_the_phase_then_one_error(
         for a, b in expected
     ]
     assert at == sorted(at) and at[-1] == len(lines) - 1, result.output
+
+
+class AheadServer:
+    """Stands in for the temporary server ``start_ahead`` launched: the test harness's server,
+    with the moment the command line first waited for it recorded (or a start that failed)."""
+
+    def __init__(self, api_url: str, fails: bool = False) -> None:
+        self.api_url, self.fails, self.port, self.ready_after = api_url, fails, 0, 1.0
+        self.waited_at: float | None = None
+
+    def wait_ready(self, timeout_s: float | None = None) -> float:
+        self.waited_at = time.perf_counter()
+        if self.fails:
+            raise RuntimeError("Prefect's temporary server exited with status 5: cannot start")
+        return 1.0
+
+
+def started_ahead_as(monkeypatch, fails: bool = False) -> AheadServer:
+    from prefect.settings import PREFECT_API_URL
+
+    from flows import prefect_server
+
+    server = AheadServer(PREFECT_API_URL.value(), fails)
+    monkeypatch.setattr(prefect_server, "_started", [server])
+    return server
+
+
+def run_train(demo: Path, out: Path, overrides: list[str]):
+    return CliRunner().invoke(
+        ppoflow_app, ["train", "demo-cpu", *overrides, "--run-dir", str(out / "run")]
+    )
+
+
+def test_with_the_server_started_ahead_the_run_opens_before_the_flow_run(
+    prefect_harness, tmp_path, monkeypatch, make_demo_inputs, tiny_run_overrides
+):
+    demo = make_demo_inputs(tmp_path / "demo")
+    server = started_ahead_as(monkeypatch)
+    result = run_train(demo, tmp_path, tiny_run_overrides(demo, tmp_path, 1))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    starts = [
+        "  model ",
+        "  data ",
+        "  engines  actor",
+        "  MLflow ",
+        "  Prefect  temporary",
+        "step 1/1",
+    ]
+    at = [next(i for i, line in enumerate(lines) if line.startswith(s)) for s in starts]
+    assert at == sorted(at), result.output  # model → … → MLflow, then the flow run
+    assert server.waited_at is not None
+    assert result.output.strip().splitlines()[-1] == str(tmp_path / "run")
+
+
+def test_a_flow_run_that_cannot_start_closes_the_run_opened_ahead(
+    prefect_harness, tmp_path, monkeypatch, make_demo_inputs, tiny_run_overrides
+):
+    import mlflow
+
+    from flows.run_lock import lock_run_dir
+
+    demo = make_demo_inputs(tmp_path / "demo")
+    started_ahead_as(monkeypatch, fails=True)
+    result = run_train(demo, tmp_path, tiny_run_overrides(demo, tmp_path, 1))
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1].startswith("error: ") and "status 5" in result.output
+    assert "  MLflow " in result.output and "step 1" not in result.output
+    lock = lock_run_dir(str(tmp_path / "run"), True)  # released: a new training may start
+    assert lock is not None
+    lock.release()
+    runs = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_runs(
+        [
+            e.experiment_id
+            for e in mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_experiments()
+        ]
+    )
+    assert [r.info.status for r in runs] == ["FAILED"]
