@@ -14,8 +14,9 @@ variable must be in the environment by then. The server then comes up on the oth
 the trainer imports and opens the run, and the flow waits for its health check only when it needs
 the API (:meth:`TemporaryServer.wait_ready`). A daemon thread watches each launch: it notes when
 the server first answers and then sends a few read-only requests (:data:`WARM_UP`), so the lazy
-set-up of the server's first API calls is done before the flow run's first call. It is stopped when the interpreter exits, after Prefect's
-own exit handlers have sent their last logs and events to it (registered first, so it runs last).
+set-up of the server's first API calls is done before the flow run's first call. It is stopped
+when the interpreter exits, after Prefect's own exit handlers have sent their last logs and events
+to it (registered first, so it runs last).
 
 Ahead only where that is exact: no server configured, nothing in the process has imported Prefect
 yet, and the Prefect server is installed. Otherwise Prefect's own path runs as before. The run's
