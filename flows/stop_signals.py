@@ -74,6 +74,53 @@ def signals_deferred() -> Iterator[None]:
             os.kill(os.getpid(), received[0])
 
 
+def stop_in(err: BaseException) -> BaseException | None:
+    """The stop signal's exception that ``err`` is, or was raised while handling (its
+    ``__cause__`` / ``__context__`` chain): :class:`RunStopped`, ``KeyboardInterrupt`` or
+    Prefect's ``TerminationSignal``; None when there is none.
+
+    The chain matters because a signal can land while Prefect's task engine is still creating
+    a task run: its crash handler then fails on the missing run (``ValueError: Task run is not
+    set``), and that error, not the signal's, is what comes out of the flow.
+
+    >>> try:
+    ...     try:
+    ...         raise RunStopped(15)
+    ...     except RunStopped:
+    ...         raise ValueError("Task run is not set")
+    ... except ValueError as err:
+    ...     stop_in(err)
+    RunStopped('SIGTERM')
+    >>> stop_in(ValueError("no signal")) is None
+    True
+    """
+    from prefect.exceptions import TerminationSignal
+
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, RunStopped | KeyboardInterrupt | TerminationSignal):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def is_stop(err: BaseException) -> bool:
+    """Whether ``err`` is, or was raised while handling, a stop signal's exception
+    (:func:`stop_in`)."""
+    return stop_in(err) is not None
+
+
+def stop_signum(err: BaseException) -> int:
+    """The signal behind :func:`stop_in` of ``err``: the signal a :class:`RunStopped` or a
+    ``TerminationSignal`` carries, SIGINT for ``KeyboardInterrupt``."""
+    stopped = stop_in(err)
+    if isinstance(stopped, RunStopped):
+        return stopped.signum
+    return getattr(stopped, "signal", None) or signal.SIGINT
+
+
 def stop_line(stopped: BaseException, run_dir: str, checkpoint_step: int | None) -> str:
     """The one line of a stopped training: what stopped it, what is kept, how to go on.
 
@@ -82,7 +129,7 @@ def stop_line(stopped: BaseException, run_dir: str, checkpoint_step: int | None)
     >>> stop_line(KeyboardInterrupt(), "/runs/r", None)
     'stopped by SIGINT before the first checkpoint (trainer.save_freq): nothing to resume'
     """
-    name = stopped.args[0] if isinstance(stopped, RunStopped) else "SIGINT"
+    name = signal.Signals(stop_signum(stopped)).name
     if checkpoint_step is None:
         return (
             f"stopped by {name} before the first checkpoint (trainer.save_freq): nothing to resume"
@@ -94,16 +141,8 @@ def stop_line(stopped: BaseException, run_dir: str, checkpoint_step: int | None)
 
 
 def exit_code(stopped: BaseException) -> int:
-    """128 + the signal: 143 for SIGTERM, 130 for SIGINT (``KeyboardInterrupt``)."""
-    return 128 + (stopped.signum if isinstance(stopped, RunStopped) else signal.SIGINT)
-
-
-def is_stop(err: BaseException) -> bool:
-    """Whether ``err`` is a stop signal's exception: :class:`RunStopped`, ``KeyboardInterrupt``
-    or Prefect's ``TerminationSignal``."""
-    from prefect.exceptions import TerminationSignal
-
-    return isinstance(err, RunStopped | KeyboardInterrupt | TerminationSignal)
+    """128 + the signal (:func:`stop_signum`): 143 for SIGTERM, 130 for SIGINT."""
+    return 128 + stop_signum(stopped)
 
 
 __all__ = [
@@ -112,6 +151,8 @@ __all__ = [
     "exit_code",
     "is_stop",
     "signals_deferred",
+    "stop_in",
     "stop_line",
     "stop_on_signals",
+    "stop_signum",
 ]
