@@ -96,9 +96,9 @@ class Startup:
         self._open: _Phase | None = None
         self._status: Any = None
         self._ready = False
-        #: (config, run directory, run) opened by the command line before the flow began, until
-        #: the flow takes it over (flows/train.py ``open_run_ahead`` / ``take_opened_run``)
-        self.opened: tuple[Any, str, Any] | None = None
+        #: (run directory, run) opened by the command line before the flow began, until the
+        #: flow takes it over (flows/train.py ``open_run_ahead`` / ``take_opened_run``)
+        self.opened: tuple[str, Any] | None = None
 
     @property
     def pending(self) -> str | None:

@@ -252,10 +252,10 @@ def _open_locked(cfg: PPORunConfig, store: RunStore, startup: Startup) -> TrainR
 def open_run_ahead(cfg: PPORunConfig, run_dir: str, startup: Startup) -> TrainRun:
     """:func:`open_run` before the flow run exists, for the flow to take over
     (:func:`take_opened_run`): the command line opens the run while Prefect's temporary server is
-    still starting on the other core, instead of after it. Kept on ``startup`` with the config
-    object and run directory it was opened for."""
+    still starting on the other core, instead of after it. Kept on ``startup`` with the run
+    directory it was opened for (its config object is ``run.cfg``)."""
     run = open_run(cfg, run_dir, startup)
-    startup.opened = (cfg, run_dir, run)
+    startup.opened = (run_dir, run)
     return run
 
 
@@ -266,8 +266,8 @@ def take_opened_run(
     object, no overrides and the same run directory (it is then the flow's to close); else None."""
     if startup.opened is None:
         return None
-    cfg, opened_dir, run = startup.opened
-    if cfg is not config or list(overrides or ()) or run_dir != opened_dir:
+    opened_dir, run = startup.opened
+    if run.cfg is not config or list(overrides or ()) or run_dir != opened_dir:
         return None
     startup.opened = None
     return run
@@ -279,7 +279,7 @@ def close_untaken_run(startup: Startup) -> None:
     lock. A no-op once a flow has taken it."""
     if startup.opened is None:
         return
-    run = startup.opened[2]
+    run = startup.opened[1]
     startup.opened = None
     try:
         close_engines(run.engines)
