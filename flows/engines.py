@@ -26,7 +26,10 @@ run (:func:`check_backend`):
   each node's ranks in one STRICT_PACK placement group (``trainer.n_gpus_per_node`` ranks).
   With ``rollout.name: vllm`` every actor rank builds its own vLLM engine in its process, in
   the rank's torch.distributed world, and syncs it from its own DeepSpeed engine: every device
-  generates and trains (verl's hybrid engine);
+  generates and trains (verl's hybrid engine). With ``rollout.tensor_model_parallel_size`` t > 1
+  one engine spans t consecutive actor ranks instead (vLLM's ``external_launcher``), and the
+  actor's rollout methods (``ROLLOUT_METHODS``) are dispatched to each engine's t ranks together
+  (:class:`~stages.engines.worker_group.SpanningEngineMethods`);
   ``call`` splits a batch over the ranks (rows padded to a multiple of the rank count and
   flagged ``is_pad``) and joins the outputs and metrics; ``call_all`` runs a method (checkpoint
   save / load) on every rank.
@@ -59,8 +62,9 @@ import torch
 from dataproto import DataProto
 from flows.user_files import path_digest
 from stages.engines.colocated import ColocatedRoles, ColocatedWorker
-from stages.engines.rollout_backends import ROLLOUT_BACKENDS
-from stages.engines.worker_group import WORKER_BACKENDS, check_method
+from stages.engines.dispatch import check_ranks_per_chunk
+from stages.engines.rollout_backends import ROLLOUT_BACKENDS, ROLLOUT_METHODS
+from stages.engines.worker_group import WORKER_BACKENDS, SpanningEngineMethods, check_method
 from stages.plugins import import_plugins, plugin_roots
 from stages.reward.settings import settings_from_config
 from stages.reward.stage import build_reward_engines, close_reward_engines
@@ -77,8 +81,12 @@ class InProcessRole:
     def __init__(self, worker: Any) -> None:
         self.worker = worker
 
-    def call(self, method: str, batch: DataProto, **kwargs: Any) -> DataProto:
-        """``worker.method(batch, **kwargs)``; the DataProto it returns (metrics in meta_info)."""
+    def call(
+        self, method: str, batch: DataProto, *, ranks_per_chunk: int = 1, **kwargs: Any
+    ) -> DataProto:
+        """``worker.method(batch, **kwargs)``; the DataProto it returns (metrics in meta_info).
+        One rank: ``ranks_per_chunk`` can only be 1."""
+        check_ranks_per_chunk(ranks_per_chunk, self.world_size)
         return self._method(method)(batch, **kwargs)
 
     def call_all(self, method: str, **kwargs: Any) -> list[Any]:
@@ -116,10 +124,8 @@ def check_backend(config: Any) -> None:
     tp = rollout.tensor_model_parallel_size
     if tp > 1 and not ROLLOUT_BACKENDS.get(rollout.name).runs_tensor_parallel:
         raise NotImplementedError(
-            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: each actor rank holds "
-            f"a {rollout.name} engine of its own, and an engine spanning ranks (vLLM's "
-            "external_launcher tensor parallelism) is not implemented yet; set it to 1 (one "
-            "engine per device)"
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: the {rollout.name} "
+            "rollout backend does not run an engine spanning ranks; set it to 1"
         )
     backend.check_available()
 
@@ -213,9 +219,16 @@ def build_roles(config: Any, roles: list[str], total_training_steps: int) -> dic
         }
     group = _rank_group(config, roles, total_training_steps)
     if len(roles) == 1:
-        return {roles[0]: group}
-    shared = ColocatedRoles(group, roles)
-    return {role: shared.role(role) for role in roles}
+        handles = {roles[0]: group}
+    else:
+        shared = ColocatedRoles(group, roles)
+        handles = {role: shared.role(role) for role in roles}
+    tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if "actor" in handles and tp > 1:  # each rollout engine spans tp ranks
+        handles["actor"] = SpanningEngineMethods(
+            handles["actor"], dict.fromkeys(ROLLOUT_METHODS, tp)
+        )
+    return handles
 
 
 def _rank_group(config: Any, roles: list[str], total_training_steps: int) -> Any:

@@ -251,7 +251,7 @@ class RolloutConfig(ConfigModel):
     tensor_model_parallel_size: int = Field(
         2,
         ge=1,
-        description="vLLM tensor-parallel degree; runs with 1 so far (one engine per rank), hf needs 1 (devices)",
+        description="vLLM tensor-parallel degree: one engine spans this many actor ranks (ray backend), hf needs 1 (devices)",
     )
     gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="Fraction of device memory vLLM may take (ratio)"

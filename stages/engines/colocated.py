@@ -79,13 +79,20 @@ class ColocatedRole:
         self.world_size = owner.group.world_size
 
     def call(
-        self, method: str, batch: DataProto, *, allow_padding: bool = True, **kwargs: Any
+        self,
+        method: str,
+        batch: DataProto,
+        *,
+        allow_padding: bool = True,
+        ranks_per_chunk: int = 1,
+        **kwargs: Any,
     ) -> DataProto:
         """The group's dispatch of ``batch`` to this role's ``method`` on every rank."""
         return self._owner.open_group(self.role).call(
             "call_role",
             batch,
             allow_padding=allow_padding,
+            ranks_per_chunk=ranks_per_chunk,
             role_name=self.role,
             role_method=method,
             **kwargs,

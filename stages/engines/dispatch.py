@@ -9,6 +9,13 @@ Deliberate difference from verl (SPEC §5, difference 2): the duplicated rows tr
 a worker can leave them out of its per-sample metrics. The flag column is added here and removed
 again when the outputs are collected; the caller never sees it.
 
+Ranks sharing a chunk (``ranks_per_chunk`` k > 1, for an engine that spans k ranks, such as
+a vLLM engine tensor-parallel over k ranks): the batch is cut into d / k chunks instead, and
+ranks k·j … k·j + k − 1 all get chunk j (consecutive ranks, as vLLM groups them). They compute
+one result together, so each returns the same output: collecting keeps the first rank's of each
+group after checking that its peers' outputs are equal to it (a difference means the engine's
+ranks did not run in lockstep, and raises), and only those first ranks' metrics count.
+
 Metrics: each rank may return ``meta_info["metrics"]`` with, per key, what ``reduce_metrics``
 accepts: a :class:`Metric`, a list of Metrics (verl's ``append_to_dict``, one per micro-batch), a
 plain list, an empty list or a scalar. Per key, each rank's Metrics pool into one Metric and the
@@ -23,20 +30,22 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from dataproto import DataProto, keys, pad_dataproto_to_divisor, unpad_dataproto
+from dataproto import DataProto, dataproto_equal, keys, pad_dataproto_to_divisor, unpad_dataproto
 from stages.metrics.metric import Metric, pool_metrics, reduce_metrics, to_scalar
 
 METRICS_KEY = "metrics"
 
 
 def split_for_ranks(
-    batch: DataProto, world_size: int, *, allow_padding: bool
+    batch: DataProto, world_size: int, *, allow_padding: bool, ranks_per_chunk: int = 1
 ) -> tuple[list[DataProto], int]:
-    """``world_size`` equal chunks of ``batch`` (rank order), each with an ``is_pad`` column.
+    """One chunk of ``batch`` per rank (rank order), each with an ``is_pad`` column.
 
     Returns ``(chunks, pad_size)``: the batch padded with ``pad_size`` copies of its first rows
-    (cycling from row 0) to a multiple of ``world_size``. ``is_pad`` is False on the B real rows
-    and True on the copies. The input is not modified.
+    (cycling from row 0) to a multiple of c = ``world_size / ranks_per_chunk``, cut into c equal
+    chunks, chunk j given to ranks ``j·ranks_per_chunk … (j+1)·ranks_per_chunk − 1`` (one object,
+    not copies). ``is_pad`` is False on the B real rows and True on the copies. The input is not
+    modified.
 
     ``allow_padding=False`` (updates: a duplicated row would be trained on twice) raises
     ``ValueError`` when B is not a multiple of ``world_size``.
@@ -47,9 +56,15 @@ def split_for_ranks(
         ...     DataProto.from_dict({"x": torch.arange(3)}), 2, allow_padding=True)
         >>> [c.batch["x"].tolist() for c in chunks], [c.non_tensor_batch["is_pad"].tolist() for c in chunks], pad
         ([[0, 1], [2, 0]], [[False, False], [False, True]], 1)
+        >>> chunks, pad = split_for_ranks(
+        ...     DataProto.from_dict({"x": torch.arange(3)}), 4, allow_padding=True, ranks_per_chunk=2)
+        >>> [c.batch["x"].tolist() for c in chunks], pad
+        ([[0, 1], [0, 1], [2, 0], [2, 0]], 1)
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int ≥ 1, got {world_size!r}")
+    check_ranks_per_chunk(ranks_per_chunk, world_size)
+    groups = world_size // ranks_per_chunk
     if not isinstance(batch, DataProto):
         raise TypeError(f"dispatch needs a DataProto batch, got {type(batch).__name__}")
     if keys.IS_PAD in batch.non_tensor_batch:
@@ -58,15 +73,15 @@ def split_for_ranks(
             "collected; dispatch the original batch (collect_from_ranks removes the column)"
         )
     rows = len(batch)
-    if rows % world_size and not allow_padding:
+    if rows % groups and not allow_padding:
         raise ValueError(
-            f"the batch of {rows} rows does not split evenly over {world_size} data-parallel "
-            f"ranks ({rows} % {world_size} = {rows % world_size}) and this call does not allow "
+            f"the batch of {rows} rows does not split evenly over {groups} data-parallel "
+            f"ranks ({rows} % {groups} = {rows % groups}) and this call does not allow "
             "padding (an update must not train on duplicated rows); make train_batch_size × "
             "rollout.n (and ppo_mini_batch_size × n) a multiple of trainer.nnodes × "
             "trainer.n_gpus_per_node"
         )
-    padded, pad_size = pad_dataproto_to_divisor(batch, world_size)
+    padded, pad_size = pad_dataproto_to_divisor(batch, groups)
     flags = np.zeros(rows + pad_size, dtype=bool)
     flags[rows:] = True
     flagged = DataProto(
@@ -76,7 +91,22 @@ def split_for_ranks(
     )
     if rows == 0:  # nothing to split: every rank gets the empty batch
         return [flagged] * world_size, 0
-    return flagged.chunk(world_size), pad_size
+    chunks = flagged.chunk(groups)
+    return [chunks[rank // ranks_per_chunk] for rank in range(world_size)], pad_size
+
+
+def check_ranks_per_chunk(ranks_per_chunk: object, world_size: int) -> None:
+    """Raise ``ValueError`` unless ``ranks_per_chunk`` is an int ≥ 1 dividing ``world_size``."""
+    if (
+        isinstance(ranks_per_chunk, bool)
+        or not isinstance(ranks_per_chunk, int)
+        or ranks_per_chunk < 1
+        or world_size % ranks_per_chunk
+    ):
+        raise ValueError(
+            f"ranks_per_chunk must be an int ≥ 1 dividing the {world_size} ranks, got "
+            f"{ranks_per_chunk!r} (e.g. rollout.tensor_model_parallel_size must divide the ranks)"
+        )
 
 
 def real_rows_mask(batch: DataProto) -> torch.Tensor:
@@ -102,13 +132,17 @@ def real_rows_mask(batch: DataProto) -> torch.Tensor:
     return torch.from_numpy(~is_pad)
 
 
-def collect_from_ranks(outputs: Sequence[DataProto], pad_size: int) -> DataProto:
+def collect_from_ranks(
+    outputs: Sequence[DataProto], pad_size: int, *, ranks_per_chunk: int = 1
+) -> DataProto:
     """Join the ranks' outputs (rank order), cut the ``pad_size`` padded rows, combine metrics.
 
     Row-less outputs (e.g. an update that returns only metrics) give a row-less result. The
     ``is_pad`` column, if a worker passed it through, is dropped. Every meta_info key other than
     ``"metrics"`` must agree across ranks; the combined metrics are ``meta_info["metrics"]``,
-    a dict of floats.
+    a dict of floats. With ``ranks_per_chunk`` k > 1 (the split's), each group of k ranks
+    returned one result: the first rank's output stands for its group, its peers' must equal it
+    (:func:`check_peers_agree`), and only the first ranks' metrics combine.
     """
     if not outputs:
         raise ValueError("collect_from_ranks needs one output per rank, got none")
@@ -118,6 +152,9 @@ def collect_from_ranks(outputs: Sequence[DataProto], pad_size: int) -> DataProto
                 f"rank {rank} returned a {type(output).__name__}; a worker method called through "
                 "a worker group must return a DataProto (put scalars in meta_info['metrics'])"
             )
+    check_ranks_per_chunk(ranks_per_chunk, len(outputs))
+    check_peers_agree(outputs, ranks_per_chunk)
+    outputs = list(outputs)[::ranks_per_chunk]
     metrics = combine_rank_metrics([o.meta_info.get(METRICS_KEY) or {} for o in outputs])
     stripped = [
         DataProto(
@@ -133,6 +170,24 @@ def collect_from_ranks(outputs: Sequence[DataProto], pad_size: int) -> DataProto
     if metrics:
         joined.meta_info[METRICS_KEY] = metrics
     return joined
+
+
+def check_peers_agree(outputs: Sequence[DataProto], ranks_per_chunk: int) -> None:
+    """Raise ``RuntimeError`` unless every rank's rows equal its group's first rank's (groups of
+    ``ranks_per_chunk`` consecutive ranks; tensors and non-tensor columns compared exactly,
+    meta_info not: a rank's timings are its own)."""
+    for rank, output in enumerate(outputs):
+        first = rank - rank % ranks_per_chunk
+        if rank != first and not dataproto_equal(_rows_of(output), _rows_of(outputs[first])):
+            raise RuntimeError(
+                f"ranks {first} and {rank} share one engine (ranks_per_chunk={ranks_per_chunk}) "
+                "but returned different outputs: the engine's ranks did not compute in "
+                "lockstep (different inputs, seeds or weights on its ranks)"
+            )
+
+
+def _rows_of(output: DataProto) -> DataProto:
+    return DataProto(batch=output.batch, non_tensor_batch=output.non_tensor_batch, meta_info={})
 
 
 def combine_rank_metrics(per_rank: Sequence[dict]) -> dict[str, float]:

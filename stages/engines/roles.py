@@ -249,16 +249,19 @@ class ActorWorker(_CheckpointMixin):
         ``validate``: sample with rollout.val_kwargs.*; ``greedy``: decode greedily (ReMax's
         baseline; see :func:`sampling_settings`); ``seed``: sample with that seed, the same
         responses in any process: offset by this rank's first row in the batch where the backend
-        seeds each row (``row_seeded``: any rank count samples alike), else by the rank's index
-        (:func:`rank_seed`: ranks draw differently)."""
+        seeds each row (``row_seeded``: any rank count samples alike), else by the rank's chunk
+        index (:func:`rank_seed`: ranks draw differently). The ranks of one tensor-parallel engine
+        (``rollout.tensor_model_parallel_size`` consecutive ranks) got one chunk together and
+        seed alike (:func:`chunk_index`)."""
+        rollout = self.config.actor_rollout_ref.rollout
         settings = sampling_settings(self.config, self.tokenizer, validate=validate, greedy=greedy)
-        backend = ROLLOUT_BACKENDS.get(self.config.actor_rollout_ref.rollout.name)
+        backend = ROLLOUT_BACKENDS.get(rollout.name)
         if seed is not None:
-            rank = _rank()
+            chunk = chunk_index(_rank(), rollout.tensor_model_parallel_size)
             seed = (
-                rank_seed(seed, 0) + rank * len(prompts)
+                rank_seed(seed, 0) + chunk * len(prompts)
                 if backend.row_seeded
-                else rank_seed(seed, rank)
+                else rank_seed(seed, chunk)
             )
             settings = replace(settings, seed=seed)
         return backend.generate(self, prompts, settings)
@@ -272,6 +275,9 @@ class ActorWorker(_CheckpointMixin):
 
             rollout = self.config.actor_rollout_ref.rollout
             on_cpu = not torch.cuda.is_available()
+            in_process, executor = vllm_placement(
+                rollout.tensor_model_parallel_size, _world_size(), os.environ
+            )
             self.vllm = VLLMRollout(
                 self.config.actor_rollout_ref.model.path,
                 dtype=rollout.dtype,
@@ -283,10 +289,11 @@ class ActorWorker(_CheckpointMixin):
                 else None,
                 enforce_eager=rollout.enforce_eager,
                 seed=rollout.seed,
-                in_process=vllm_in_process(rollout.tensor_model_parallel_size, os.environ),
+                in_process=in_process,
                 engine_kwargs={
                     "max_num_seqs": rollout.max_num_seqs,
                     "max_num_batched_tokens": rollout.max_num_batched_tokens,
+                    **executor,
                 },
             )
         if self.vllm_is_stale:
@@ -417,21 +424,58 @@ class CriticWorker(_CheckpointMixin):
         return with_metrics(None, metrics)
 
 
-def vllm_in_process(tensor_parallel_size: int, environ: Mapping[str, str]) -> bool | None:
-    """Whether the actor's vLLM engine runs in the actor's own process: yes at tensor
-    parallelism 1 (weights then reach it as the actor's own tensors, streamed, with no copy:
-    8.7× faster than across processes for a 100M-parameter model on CPU, bench/weight_sync.py),
-    no above (vLLM's workers are processes of their own), and what the user set where
-    ``VLLM_ENABLE_V1_MULTIPROCESSING`` is in ``environ`` (None: vLLM reads it).
+def vllm_placement(
+    tensor_parallel_size: int, world_size: int, environ: Mapping[str, str]
+) -> tuple[bool | None, dict[str, str]]:
+    """Where the actor's vLLM engine runs: ``(in_process, engine kwargs)`` for ``VLLMRollout``.
 
-    >>> vllm_in_process(1, {}), vllm_in_process(2, {}), vllm_in_process(1, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
-    (True, False, None)
+    - tensor parallelism 1: in the actor's own process (weights then reach it as the actor's
+      own tensors, streamed, with no copy: 8.7× faster than across processes for a
+      100M-parameter model on CPU, bench/weight_sync.py);
+    - ``tensor_parallel_size`` t > 1 in a rank of a torch.distributed world of ``world_size``
+      ranks (the ray backend): one engine spans t consecutive ranks, each rank holding its
+      shard in its own process (vLLM's ``external_launcher`` executor, which builds its
+      tensor-parallel groups from the ranks' world: ranks t·j … t·j + t − 1 form engine j);
+      ``world_size`` must be a multiple of t;
+    - t > 1 outside a world (``world_size`` 1): vLLM's own worker processes.
+
+    ``in_process`` is None (vLLM reads its variable) where ``VLLM_ENABLE_V1_MULTIPROCESSING`` is
+    in ``environ``, except for an engine spanning ranks, which must run in process.
+
+    >>> vllm_placement(1, 2, {}), vllm_placement(2, 1, {})
+    ((True, {}), (False, {}))
+    >>> vllm_placement(2, 4, {})
+    (True, {'distributed_executor_backend': 'external_launcher'})
+    >>> vllm_placement(1, 1, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    (None, {})
     """
     from stages.engines.rollout_vllm import MULTIPROCESSING_SWITCH
 
-    if MULTIPROCESSING_SWITCH in environ:
-        return None
-    return tensor_parallel_size == 1
+    user_set = MULTIPROCESSING_SWITCH in environ
+    if tensor_parallel_size == 1 or world_size == 1:
+        return (None if user_set else tensor_parallel_size == 1), {}
+    if world_size % tensor_parallel_size:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tensor_parallel_size} does "
+            f"not divide the {world_size} actor ranks; each vLLM engine spans that many ranks"
+        )
+    if environ.get(MULTIPROCESSING_SWITCH, "0") != "0":
+        raise ValueError(
+            f"{MULTIPROCESSING_SWITCH}={environ[MULTIPROCESSING_SWITCH]}: a vLLM engine spanning "
+            f"{tensor_parallel_size} ranks runs in the ranks' own processes (external_launcher); "
+            "unset it or set it to 0"
+        )
+    return True, {"distributed_executor_backend": "external_launcher"}
+
+
+def chunk_index(rank: int, ranks_per_chunk: int) -> int:
+    """The chunk of a dispatched batch that rank ``rank`` got, when ``ranks_per_chunk``
+    consecutive ranks share one (``stages.engines.dispatch``).
+
+    >>> [chunk_index(r, 2) for r in range(4)], [chunk_index(r, 1) for r in range(3)]
+    ([0, 0, 1, 1], [0, 1, 2])
+    """
+    return rank // ranks_per_chunk
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -446,3 +490,7 @@ def rank_seed(seed: int, rank: int) -> int:
 
 def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _world_size() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1

@@ -10,16 +10,16 @@ name        generates with                  max_tensor_parallel_size   row_seede
 ``hf``      HF ``generate`` on the actor's  1                          False       True
             own module (newest weights)
 ``vllm``    a vLLM engine in the actor      any that divides the       True        False
-            rank's process, sent the        devices (validates); runs
-            weights after updates           with 1 so far
+            rank's process, sent the        ranks
+            weights after updates
 ==========  ==============================  =========================  ==========  ====================
 
-Each actor rank holds its own engine: in the driver on the ``local`` backend, in the rank's
-process on ``ray`` (vLLM joins the rank's torch.distributed world), so every device generates
-and trains. A vLLM engine spanning several ranks (tensor parallelism across them, vLLM's
-``external_launcher`` executor) is not implemented yet: such a config validates (verl's scripts
-set ``tensor_model_parallel_size: 2``), and the run refuses it before building an engine
-(``runs_tensor_parallel``, ``flows.engines.check_backend``).
+At tensor parallelism 1 each actor rank holds its own engine: in the driver on the ``local``
+backend, in the rank's process on ``ray`` (vLLM joins the rank's torch.distributed world), so
+every device generates and trains. At t > 1 (``ray`` only) one vLLM engine spans t consecutive
+actor ranks, each holding its shard in its own process (vLLM's ``external_launcher`` executor,
+``roles.vllm_placement``); the actor's :data:`ROLLOUT_METHODS` are then dispatched to each
+engine's ranks together (``ranks_per_chunk``, ``stages.engines.dispatch``).
 
 Importing this module imports neither transformers nor vLLM; each ``generate`` imports its
 engine on use.
@@ -56,7 +56,7 @@ class RolloutBackendSpec:
             with; None = any that divides the devices.
         why_max_tensor_parallel: the reason, for the message refusing a larger one.
         runs_tensor_parallel: a tensor-parallel degree above 1 that the config accepts also
-            runs; False: the run refuses it as not implemented.
+            runs (one engine spanning that many ranks); False: the run refuses it.
         row_seeded: a call seeded s samples row i with its own seed s + i, independent of the
             other rows (vLLM's per-request seed), so data-parallel rank k, whose chunk starts at
             row k × len(chunk) of the batch, seeds with s + k × len(chunk) and any rank count
@@ -78,6 +78,10 @@ class RolloutBackendSpec:
 
 
 ROLLOUT_BACKENDS: Registry[RolloutBackendSpec] = Registry("rollout backend")
+
+#: the actor worker's methods that run on its rollout engine: with tensor parallelism t > 1 the
+#: engine spans t ranks, which get each call's chunk together (``flows.engines.build_roles``)
+ROLLOUT_METHODS = ("generate_sequences",)
 
 
 def _hf_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
@@ -120,7 +124,7 @@ ROLLOUT_BACKENDS.add(
         generate=_vllm_generate,
         max_tensor_parallel_size=None,
         why_max_tensor_parallel="",
-        runs_tensor_parallel=False,  # one engine per actor rank; external_launcher not yet
+        runs_tensor_parallel=True,  # above 1, one engine spans that many ranks (external_launcher)
         row_seeded=True,
         log_probs_are_actors=False,  # its own kernels (and dtype): the recompute is the actor's
     ),

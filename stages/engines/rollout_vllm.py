@@ -72,7 +72,10 @@ class VLLMRollout:
         model_path: a Hugging Face model directory (the actor's initial weights and config).
         dtype: engine dtype (``"float32"`` to match an fp32 actor bit-for-bit on greedy).
         max_model_len: the longest prompt + response the engine accepts (P + R).
-        tensor_parallel_size: GPUs per engine (1 on CPU).
+        tensor_parallel_size: devices (ranks) one engine spans; above 1 in ranks of a
+            torch.distributed world, pass ``distributed_executor_backend="external_launcher"``
+            in ``engine_kwargs`` and build the engine on every rank of the group at once
+            (``roles.vllm_placement``).
         gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache).
         kv_cache_memory_bytes: KV-cache size in bytes; required on CPU (vLLM's default CPU
             budget is most of the machine's RAM and fails to start next to other processes).
@@ -87,7 +90,7 @@ class VLLMRollout:
         in_process: run the engine core and its worker in this process (True) or in processes of
             their own (False), by setting vLLM's ``VLLM_ENABLE_V1_MULTIPROCESSING`` for it; None
             leaves vLLM's own setting (the variable, default multi-process). In-process needs
-            ``tensor_parallel_size`` 1.
+            ``tensor_parallel_size`` 1, or an engine spanning ranks (``external_launcher``).
         engine_kwargs: any further ``vllm.LLM`` arguments (e.g. ``enable_prefix_caching``).
     """
 

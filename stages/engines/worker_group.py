@@ -44,9 +44,17 @@ class WorkerGroup(Protocol):
     world_size: int
 
     def call(
-        self, method: str, batch: DataProto, *, allow_padding: bool = True, **kwargs: Any
+        self,
+        method: str,
+        batch: DataProto,
+        *,
+        allow_padding: bool = True,
+        ranks_per_chunk: int = 1,
+        **kwargs: Any,
     ) -> DataProto:
-        """Split ``batch`` over the ranks, run ``worker.method(chunk, **kwargs)``, join."""
+        """Split ``batch`` over the ranks, run ``worker.method(chunk, **kwargs)``, join.
+        ``ranks_per_chunk``: consecutive ranks that get one chunk together (an engine spanning
+        them; ``stages.engines.dispatch``)."""
         ...
 
     def call_all(self, method: str, **kwargs: Any) -> list[Any]:
@@ -88,11 +96,18 @@ class LocalWorkerGroup:
         self._closed = False
 
     def call(
-        self, method: str, batch: DataProto, *, allow_padding: bool = True, **kwargs: Any
+        self,
+        method: str,
+        batch: DataProto,
+        *,
+        allow_padding: bool = True,
+        ranks_per_chunk: int = 1,
+        **kwargs: Any,
     ) -> DataProto:
-        bound = self._method(method)
-        chunks, pad_size = split_for_ranks(batch, 1, allow_padding=allow_padding)
-        return collect_from_ranks([bound(chunks[0], **kwargs)], pad_size)
+        chunks, pad_size = split_for_ranks(
+            batch, 1, allow_padding=allow_padding, ranks_per_chunk=ranks_per_chunk
+        )
+        return collect_from_ranks([self._method(method)(chunks[0], **kwargs)], pad_size)
 
     def call_all(self, method: str, **kwargs: Any) -> list[Any]:
         return [self._method(method)(**kwargs)]
@@ -112,6 +127,48 @@ class LocalWorkerGroup:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class SpanningEngineMethods:
+    """A worker group whose named methods run on engines that each span several ranks.
+
+    ``ranks_per_chunk``: method → the ranks one engine spans (e.g. the actor's
+    ``generate_sequences`` → ``rollout.tensor_model_parallel_size``: a vLLM engine sharded over
+    that many consecutive ranks). Those methods are dispatched with ``ranks_per_chunk`` (each
+    engine's ranks get one chunk together, one output per engine is kept); every other method,
+    and ``call_all``, as the group does.
+
+    Example:
+        >>> import torch
+        >>> from dataproto import DataProto
+        >>> class Echo:
+        ...     def echo(self, batch): return batch
+        >>> group = SpanningEngineMethods(LocalWorkerGroup(Echo), {"echo": 1})
+        >>> group.call("echo", DataProto.from_dict({"x": torch.arange(3)})).batch["x"].tolist()
+        [0, 1, 2]
+    """
+
+    def __init__(self, group: WorkerGroup, ranks_per_chunk: dict[str, int]) -> None:
+        self.group = group
+        self.world_size = group.world_size
+        self.ranks_per_chunk = dict(ranks_per_chunk)
+
+    def call(
+        self, method: str, batch: DataProto, *, allow_padding: bool = True, **kwargs: Any
+    ) -> DataProto:
+        return self.group.call(
+            method,
+            batch,
+            allow_padding=allow_padding,
+            ranks_per_chunk=self.ranks_per_chunk.get(method, 1),
+            **kwargs,
+        )
+
+    def call_all(self, method: str, **kwargs: Any) -> list[Any]:
+        return self.group.call_all(method, **kwargs)
+
+    def close(self) -> None:
+        self.group.close()
 
 
 def _local_group(factory: Callable[..., Any], world_size: int, **kwargs: Any) -> WorkerGroup:

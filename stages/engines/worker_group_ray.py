@@ -422,14 +422,26 @@ class RayWorkerGroup:
             ) from None
 
     def call(
-        self, method: str, batch: DataProto, *, allow_padding: bool = True, **kwargs: Any
+        self,
+        method: str,
+        batch: DataProto,
+        *,
+        allow_padding: bool = True,
+        ranks_per_chunk: int = 1,
+        **kwargs: Any,
     ) -> DataProto:
         """Split ``batch`` over the ranks, run ``worker.method(chunk, **kwargs)`` on every rank
-        at once, join the outputs (padding cut, metrics combined)."""
+        at once, join the outputs (padding cut, metrics combined). ``ranks_per_chunk`` k: ranks
+        k·j … k·j + k − 1 get chunk j together and return one result (``dispatch``); each chunk
+        is put in Ray's object store once, however many ranks read it."""
         actors = self._live_actors()
-        chunks, pad_size = split_for_ranks(batch, self.world_size, allow_padding=allow_padding)
-        refs = [a.call.remote(method, chunk, kwargs) for a, chunk in zip(actors, chunks)]
-        return collect_from_ranks(self._gather(refs, method), pad_size)
+        chunks, pad_size = split_for_ranks(
+            batch, self.world_size, allow_padding=allow_padding, ranks_per_chunk=ranks_per_chunk
+        )
+        stored = {id(chunk): self._ray.put(chunk) for chunk in chunks}
+        refs = [a.call.remote(method, stored[id(c)], kwargs) for a, c in zip(actors, chunks)]
+        outputs = self._gather(refs, method)
+        return collect_from_ranks(outputs, pad_size, ranks_per_chunk=ranks_per_chunk)
 
     def call_all(self, method: str, **kwargs: Any) -> list[Any]:
         """Run ``worker.method(**kwargs)`` on every rank; the results in rank order."""

@@ -138,13 +138,34 @@ def test_show_layout_of_roles_apart_and_of_a_refused_layout() -> None:
             "--layout",
             "--config",
             "grpo",
-            "ppoflow.workers.backend=ray",
+            "ppoflow.workers.backend=local",
             "trainer.n_gpus_per_node=2",
-            "actor_rollout_ref.rollout.name=vllm",
         ],
     )
     assert refused.exit_code == 2
-    assert (
-        "error: actor_rollout_ref.rollout.tensor_model_parallel_size=2: each actor rank holds a "
-        "vllm engine of its own"
-    ) in refused.output  # grpo.yaml keeps verl's TP 2
+    assert "error: the local backend runs at most 1 rank(s)" in refused.output
+
+
+def test_show_layout_names_the_engine_each_rank_holds_a_shard_of() -> None:
+    result = RUNNER.invoke(
+        make_app(),
+        [
+            "config",
+            "show",
+            "--layout",
+            "--config",
+            "grpo",  # verl's TP 2
+            "ppoflow.workers.backend=ray",
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.rollout.name=vllm",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].endswith("; 2 vllm engines, each spanning 2 actor ranks (external_launcher)")
+    assert [line.split("rollout ")[1].split(")")[0] for line in lines[1:]] == [
+        "vllm engine 0 shard 1/2",
+        "vllm engine 0 shard 2/2",
+        "vllm engine 1 shard 1/2",
+        "vllm engine 1 shard 2/2",
+    ]

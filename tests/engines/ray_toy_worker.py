@@ -70,6 +70,13 @@ class ToyActorWorker:
         with deepspeed.zero.GatheredParameters(list(params.values())):
             return {name: p.detach().clone() for name, p in params.items()}
 
+    def echo_rows(self, batch: DataProto, skew_rank: int | None = None) -> DataProto:
+        """The chunk's ``x`` back (plus 1 on ``skew_rank``), and this rank's index as metric
+        ``toy/rank``."""
+        rank = torch.distributed.get_rank()
+        x = batch.batch["x"] + int(rank == skew_rank)
+        return DataProto.from_dict({"x": x}, meta_info={"metrics": {"toy/rank": float(rank)}})
+
     def fail_on_rank(self, failing_rank: int) -> None:
         """Raise on ``failing_rank``; every other rank waits in a barrier it never completes."""
         if torch.distributed.get_rank() == failing_rank:

@@ -35,7 +35,7 @@ def test_builtin_entries_declare_their_needs() -> None:
     assert (hf.max_tensor_parallel_size, hf.row_seeded) == (1, False)
     assert (vllm.max_tensor_parallel_size, vllm.runs_tensor_parallel, vllm.row_seeded) == (
         None,
-        False,
+        True,
         True,
     )
 
@@ -107,6 +107,25 @@ def test_world_size_is_bounded_by_the_backend_entry(backends) -> None:
         )
 
 
+def test_tensor_parallelism_runs_only_where_the_rollout_entry_says_so(backends) -> None:
+    def config(name: str):
+        return demo_config(
+            "ppoflow.workers.backend=test_pair",
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+            f"actor_rollout_ref.rollout.name={name}",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        )
+
+    check_backend(config("vllm"))  # one engine spans both ranks
+    with pytest.raises(
+        NotImplementedError,
+        match=r"^actor_rollout_ref\.rollout\.tensor_model_parallel_size=2: the test_one_generator "
+        r"rollout backend does not run an engine spanning ranks; set it to 1$",
+    ):
+        check_backend(config("test_one_generator"))
+
+
 @pytest.mark.parametrize("rank", [0, 1, 3])
 def test_a_row_seeded_rollout_seeds_a_rank_by_its_first_row(backends, monkeypatch, rank) -> None:
     """Rank k of a 4-row chunk seeds row-seeded backends with s + 4k (its rows' seeds are the
@@ -124,6 +143,30 @@ def test_a_row_seeded_rollout_seeds_a_rank_by_its_first_row(backends, monkeypatc
         seeds[name] = ActorWorker.generate_sequences(worker, prompts, seed=seed)[2].seed
     assert seeds["test_row_seeded"] == 5 + 4 * rank
     assert seeds["test_one_generator"] == roles.rank_seed(seed, rank)
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2, 3])
+def test_the_ranks_of_one_tensor_parallel_engine_seed_alike(backends, monkeypatch, rank) -> None:
+    """At tensor parallelism 2, ranks 2j and 2j + 1 got chunk j together: both seed as chunk j
+    (row-seeded: s + 4j for 4-row chunks; else the seed of index j), so the engine's ranks
+    sample in lockstep."""
+    from stages.engines import roles
+
+    monkeypatch.setattr(roles, "_rank", lambda: rank)
+    tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+    prompts = DataProto.from_dict({"input_ids": torch.ones(4, 3)})
+    seeds = {}
+    for name in ("test_row_seeded", "test_one_generator"):
+        config = demo_config(
+            f"actor_rollout_ref.rollout.name={name}",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        )
+        worker = SimpleNamespace(config=config, tokenizer=tokenizer)
+        seeds[name] = ActorWorker.generate_sequences(worker, prompts, seed=5)[2].seed
+    assert seeds["test_row_seeded"] == 5 + 4 * (rank // 2)
+    assert seeds["test_one_generator"] == roles.rank_seed(5, rank // 2)
 
 
 def test_the_backend_checks_its_own_dependencies(backends) -> None:

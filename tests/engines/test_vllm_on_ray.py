@@ -2,11 +2,16 @@
 
 A 2-step GRPO run with a KL loss (so the reference runs) on 2 Ray ranks, each rank one process
 holding its DeepSpeed actor, its reference and a vLLM (CPU build) engine built in that process
-(in the rank's torch.distributed world), against the same run on 1 local rank (vLLM in the
-driver): the same weights after 2 steps, within fp32 tolerance. It can be the same because
+(in the rank's torch.distributed world), and on the same 2 ranks with one vLLM engine spanning
+both (tensor parallelism 2, vLLM's ``external_launcher``: each rank holds half of every layer),
+against the same run on 1 local rank (vLLM in the driver): the same responses and the same
+weights after 2 steps, within fp32 tolerance. It can be the same because
 
 - vLLM seeds each row (row i of a call seeded s: s + i) and rank k seeds its chunk from its
-  first row's index, so the 2 ranks sample the rows the 1 rank samples;
+  first row's index, so the 2 ranks sample the rows the 1 rank samples; at tensor parallelism 2
+  both ranks get the whole batch, seed it as the 1 rank does, and return the same responses
+  (the driver checks that and keeps one copy); the sharded sums differ from the whole ones by
+  float rounding only, too little to change a token of this model;
 - one optimizer step per training step (ppo_mini_batch_size = train_batch_size) under global
   loss denominators: the 2 ranks' averaged gradients are the 1 rank's;
 - no sequence-length balancing (trainer.balance_batch=false): every row stays where it was.
@@ -41,6 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PLUGIN = "vllm_greedy_check"
 STEPS = 2
+TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 
 
 @pytest.fixture(scope="module")
@@ -85,14 +91,16 @@ def greedy_checks(log_dir: Path) -> list[dict]:
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_grpo_with_kl_on_two_ray_ranks_with_vllm_each_ends_like_one_rank(
+def test_grpo_with_kl_on_two_ray_ranks_with_vllm_per_rank_or_spanning_both_ends_like_one_rank(
     demo_inputs, tmp_path, tiny_run_overrides, monkeypatch
 ):
     import ray
 
     monkeypatch.syspath_prepend(str(HERE))  # the driver imports the plugin; the ranks get HERE
     trained, rollouts = {}, {}
-    for name, ranks in (("ray", ("ppoflow.workers.backend=ray", "trainer.n_gpus_per_node=2")),
+    two_ranks = ("ppoflow.workers.backend=ray", "trainer.n_gpus_per_node=2")
+    for name, ranks in (("ray", two_ranks),
+                        ("ray-tp2", (*two_ranks, f"{TP}=2")),
                         ("local", ())):  # fmt: skip
         home = tmp_path / name
         monkeypatch.setenv("PPOFLOW_GREEDY_CHECK_DIR", str(home / "greedy"))  # Ray inherits it
@@ -114,20 +122,25 @@ def test_grpo_with_kl_on_two_ray_ranks_with_vllm_each_ends_like_one_rank(
         assert result.val_after is not None and math.isfinite(result.val_after)
 
         checks = greedy_checks(home / "greedy")
-        world = 2 if name == "ray" else 1
+        world = 1 if name == "local" else 2
         # every rank: the build (step 1), the sync before step 2, the sync before validation
         assert sorted(c["rank"] for c in checks) == sorted(list(range(world)) * 3), checks
         assert all(c["equal"] for c in checks), [c for c in checks if not c["equal"]]
+        tp, executor = (2, "external_launcher") if name == "ray-tp2" else (1, "uni")
+        assert {(c["tensor_parallel_size"], c["executor"]) for c in checks} == {(tp, executor)}
         trained[name] = checkpoint_weights(home / "checkpoints" / f"global_step_{STEPS}" / "actor")
         rollouts[name] = load_stage_artifact(store.artifact_path(STEPS, "rollout")).batch
 
     # the 2 ranks sampled what the 1 rank sampled, and trained to the same weights: the
     # gradients differ by float rounding (the sums split differently), which Adam's first steps
     # (update ≈ lr · g / |g|) turn into up to ~1e-5 × lr / 1e-3 on elements whose gradient is ~0
-    assert torch.equal(rollouts["ray"]["responses"], rollouts["local"]["responses"])
-    assert trained["ray"].keys() == trained["local"].keys()
     initial = load_causal_lm(demo_inputs / "model", dtype=torch.float32).state_dict()
-    for key, tensor in trained["local"].items():
-        torch.testing.assert_close(trained["ray"][key], tensor, atol=5e-6, rtol=1e-5, msg=key)
+    for name in ("ray", "ray-tp2"):
+        assert torch.equal(rollouts[name]["responses"], rollouts["local"]["responses"]), name
+        assert trained[name].keys() == trained["local"].keys()
+        for key, tensor in trained["local"].items():
+            torch.testing.assert_close(
+                trained[name][key], tensor, atol=5e-6, rtol=1e-5, msg=f"{name}: {key}"
+            )
     moved = max((initial[k] - t).abs().max().item() for k, t in trained["local"].items())
     assert moved > 1e-3, moved  # two updates of ~lr each changed the weights

@@ -66,6 +66,54 @@ def test_split_then_collect_is_the_identity(rows, world_size):
     assert dataproto_equal(collect_from_ranks(chunks, pad_size), batch)
 
 
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 11), engines=st.integers(1, 3), ranks_per_chunk=st.integers(1, 3))
+def test_ranks_sharing_a_chunk_get_it_together_and_collect_once(rows, engines, ranks_per_chunk):
+    """Ranks k·j … k·j + k − 1 get chunk j; collecting their (equal) outputs gives the batch."""
+    batch = make_batch(rows)
+    world_size = engines * ranks_per_chunk
+    chunks, pad_size = split_for_ranks(
+        batch, world_size, allow_padding=True, ranks_per_chunk=ranks_per_chunk
+    )
+    assert len(chunks) == world_size and pad_size == (-rows) % engines
+    for rank, chunk in enumerate(chunks):
+        assert chunk is chunks[rank - rank % ranks_per_chunk]
+    distinct = chunks[::ranks_per_chunk]
+    assert dataproto_equal(collect_from_ranks(distinct, pad_size), batch)
+    collected = collect_from_ranks(chunks, pad_size, ranks_per_chunk=ranks_per_chunk)
+    assert dataproto_equal(collected, batch)
+
+
+def test_an_engine_whose_ranks_disagree_is_refused_and_its_peers_metrics_do_not_count():
+    batch = make_batch(4)
+    chunks, pad_size = split_for_ranks(batch, 4, allow_padding=True, ranks_per_chunk=2)
+
+    def output(rank: int, skew: int = 0) -> DataProto:
+        return DataProto.from_dict(
+            {"x": chunks[rank].batch["x"] + skew},
+            meta_info={"metrics": {"rank": float(rank)}},  # a rank's own number: not compared
+        )
+
+    collected = collect_from_ranks([output(r) for r in range(4)], pad_size, ranks_per_chunk=2)
+    assert collected.batch["x"].tolist() == [0, 10, 20, 30]
+    assert collected.meta_info["metrics"] == {"rank": 1.0}  # ranks 0 and 2 only: (0 + 2) / 2
+    with pytest.raises(
+        RuntimeError, match=r"^ranks 2 and 3 share one engine \(ranks_per_chunk=2\)"
+    ):
+        collect_from_ranks(
+            [output(0), output(1), output(2), output(3, skew=1)], pad_size, ranks_per_chunk=2
+        )
+    with pytest.raises(
+        ValueError, match="ranks_per_chunk must be an int ≥ 1 dividing the 4 ranks, got 3"
+    ):
+        split_for_ranks(batch, 4, allow_padding=True, ranks_per_chunk=3)
+    with (
+        LocalWorkerGroup(lambda: None) as group,
+        pytest.raises(ValueError, match="dividing the 1 ranks, got 2"),
+    ):
+        group.call("anything", batch, ranks_per_chunk=2)
+
+
 def test_real_rows_mask_leaves_padding_out_of_a_per_sample_mean():
     batch = DataProto.from_dict({"v": torch.tensor([1.0, 2.0, 6.0])})
     chunks, _ = split_for_ranks(batch, 2, allow_padding=True)  # rank 1: rows 2 and a copy of 0

@@ -125,6 +125,23 @@ def test_a_worker_error_reaches_the_driver(ray_group, make_rollout_batch):
     ]  # the group is still usable
 
 
+def test_two_ranks_sharing_a_chunk_return_one_result(ray_group):
+    """ranks_per_chunk=2: both ranks get the whole (padded-to-1) batch and one output is kept,
+    with rank 0's metrics; ranks that disagree are refused."""
+    from dataproto import DataProto
+
+    batch = DataProto.from_dict({"x": torch.arange(3)})
+    out = ray_group.call("echo_rows", batch, ranks_per_chunk=2)
+    assert out.batch["x"].tolist() == [0, 1, 2]
+    assert out.meta_info["metrics"] == {"toy/rank": 0.0}
+    apart = ray_group.call("echo_rows", batch)  # one chunk per rank: rows 0-1 | 2 + a copy of 0
+    assert apart.batch["x"].tolist() == [0, 1, 2] and apart.meta_info["metrics"] == {
+        "toy/rank": 0.5
+    }
+    with pytest.raises(RuntimeError, match="ranks 0 and 1 share one engine"):
+        ray_group.call("echo_rows", batch, ranks_per_chunk=2, skew_rank=1)
+
+
 def test_a_rank_left_in_a_collective_closes_the_group(ray_group):
     """Last in this module: it closes the shared group."""
     ray_group.failure_grace_s = 2

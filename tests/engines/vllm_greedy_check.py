@@ -5,7 +5,8 @@ Each call first gets the actor's vLLM engine (``ActorWorker.vllm_rollout``: buil
 sent the actor's weights when an update changed them). When that call built or synced the engine,
 the call's prompts are decoded greedily twice — by vLLM, and by HF ``generate`` on the actor's
 own module — and one JSON line is appended to ``$PPOFLOW_GREEDY_CHECK_DIR/rank<r>.jsonl``:
-``{"rank", "rows", "equal", "vllm", "hf"}``. Then the rollout runs as ``vllm``'s does. Without
+``{"rank", "tensor_parallel_size", "executor", "rows", "equal", "vllm", "hf"}`` (the engine's
+vLLM parallel settings). Then the rollout runs as ``vllm``'s does. Without
 the environment variable the rollout raises, so a run meant to be checked cannot go unchecked.
 The ranks of a Ray run import the module too (they find it on PYTHONPATH, and inherit the
 variable from the driver that started Ray). Pytest does not collect it (tests/engines/conftest.py):
@@ -43,8 +44,11 @@ def _generate(worker, prompts, settings):
         greedy = replace(settings, do_sample=False, seed=None)
         by_vllm = engine.generate_sequences(on_host(prompts), greedy).batch["responses"]
         by_hf = hf.generate(worker, prompts, greedy).batch["responses"]
+        parallel = engine.llm.llm_engine.vllm_config.parallel_config
         record = {
             "rank": _rank(),
+            "tensor_parallel_size": parallel.tensor_parallel_size,
+            "executor": str(parallel.distributed_executor_backend),
             "rows": len(prompts),
             "equal": bool(torch.equal(by_vllm, by_hf)),
             "vllm": by_vllm.tolist(),

@@ -70,7 +70,7 @@ def test_local_backend_refuses_several_ranks():
     check_backend(demo_config())  # one local rank is fine
 
 
-def test_vllm_rollouts_run_on_ray_ranks_one_engine_per_rank():
+def test_vllm_rollouts_run_on_ray_ranks_one_engine_per_rank_or_spanning_ranks():
     config = demo_config(
         "ppoflow.workers.backend=ray",
         "trainer.n_gpus_per_node=2",
@@ -84,12 +84,8 @@ def test_vllm_rollouts_run_on_ray_ranks_one_engine_per_rank():
         "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-    )  # validates, as verl's scripts do
-    with pytest.raises(
-        NotImplementedError,
-        match=r"^actor_rollout_ref\.rollout\.tensor_model_parallel_size=2: each actor rank holds a vllm engine of its own, .* not implemented yet; set it to 1",
-    ):
-        check_backend(tp2)
+    )
+    check_backend(tp2)  # one engine spans both ranks (external_launcher)
 
 
 def test_ray_is_sized_for_every_role_group(monkeypatch):
