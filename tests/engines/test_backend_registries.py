@@ -223,3 +223,20 @@ def test_a_freed_vllm_engine_sleeps_at_level_2_and_is_resynced(has_sleep_mode) -
     worker.vllm_is_stale = False
     ROLLOUT_BACKENDS.get("vllm").generate(worker, prompts, None)
     assert engine.levels == [2] and worker.vllm_is_stale is False
+
+
+def test_a_vllm_engine_spanning_ranks_refuses_what_it_cannot_run() -> None:
+    from stages.engines.roles import vllm_placement
+
+    assert vllm_placement(2, 4, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}) == (
+        True,
+        {"distributed_executor_backend": "external_launcher"},
+    )
+    with pytest.raises(
+        ValueError, match=r"^VLLM_ENABLE_V1_MULTIPROCESSING=1: a vLLM engine spanning 2 ranks"
+    ):
+        vllm_placement(2, 4, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    with pytest.raises(
+        ValueError, match=r"tensor_model_parallel_size=4 does not divide the 6 actor ranks"
+    ):
+        vllm_placement(4, 6, {})
