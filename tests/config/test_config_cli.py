@@ -74,23 +74,21 @@ def test_defaults_prints_the_rendered_yaml() -> None:
     assert result.stdout == render_default_yaml()
 
 
+def show_layout(config: str, *overrides: str):
+    """``ppoflow config show --layout --config CONFIG OVERRIDES…``"""
+    return RUNNER.invoke(make_app(), ["config", "show", "--layout", "--config", config, *overrides])
+
+
 def test_show_layout_prints_processes_roles_and_devices() -> None:
-    result = RUNNER.invoke(
-        make_app(),
-        [
-            "config",
-            "show",
-            "--layout",
-            "--config",
-            "grpo",
-            "ppoflow.workers.backend=ray",
-            "trainer.n_gpus_per_node=4",
-            "trainer.nnodes=2",
-            "actor_rollout_ref.actor.use_kl_loss=true",
-            "actor_rollout_ref.ref.param_offload=true",
-            "actor_rollout_ref.rollout.name=hf",
-            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        ],
+    result = show_layout(
+        "grpo",
+        "ppoflow.workers.backend=ray",
+        "trainer.n_gpus_per_node=4",
+        "trainer.nnodes=2",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.ref.param_offload=true",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
     )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
@@ -107,21 +105,14 @@ def test_show_layout_prints_processes_roles_and_devices() -> None:
 
 
 def test_show_layout_of_roles_apart_and_of_a_refused_layout() -> None:
-    apart = RUNNER.invoke(
-        make_app(),
-        [
-            "config",
-            "show",
-            "--layout",
-            "--config",
-            "grpo",
-            "ppoflow.workers.backend=ray",
-            "trainer.n_gpus_per_node=2",
-            "actor_rollout_ref.actor.use_kl_loss=true",
-            "ppoflow.workers.colocate=false",
-            "actor_rollout_ref.rollout.name=hf",
-            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        ],
+    apart = show_layout(
+        "grpo",
+        "ppoflow.workers.backend=ray",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "ppoflow.workers.colocate=false",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
     )
     assert apart.exit_code == 0, apart.output
     assert [line.split()[4:] for line in apart.output.splitlines()[1:]] == [
@@ -130,35 +121,21 @@ def test_show_layout_of_roles_apart_and_of_a_refused_layout() -> None:
         ["GPU", "2", "ref", "(ZeRO-3)"],
         ["GPU", "3", "ref", "(ZeRO-3)"],
     ]
-    refused = RUNNER.invoke(
-        make_app(),
-        [
-            "config",
-            "show",
-            "--layout",
-            "--config",
-            "grpo",
-            "ppoflow.workers.backend=local",
-            "trainer.n_gpus_per_node=2",
-        ],
+    refused = show_layout(
+        "grpo",
+        "ppoflow.workers.backend=local",
+        "trainer.n_gpus_per_node=2",
     )
     assert refused.exit_code == 2
     assert "error: the local backend runs at most 1 rank(s)" in refused.output
 
 
 def test_show_layout_names_the_engine_each_rank_holds_a_shard_of() -> None:
-    result = RUNNER.invoke(
-        make_app(),
-        [
-            "config",
-            "show",
-            "--layout",
-            "--config",
-            "grpo",  # verl's TP 2
-            "ppoflow.workers.backend=ray",
-            "trainer.n_gpus_per_node=4",
-            "actor_rollout_ref.rollout.name=vllm",
-        ],
+    result = show_layout(
+        "grpo",  # verl's TP 2
+        "ppoflow.workers.backend=ray",
+        "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.rollout.name=vllm",
     )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
