@@ -97,16 +97,20 @@ def split_for_ranks(
 
 def check_ranks_per_chunk(ranks_per_chunk: object, world_size: int) -> None:
     """Raise ``ValueError`` unless ``ranks_per_chunk`` is an int ≥ 1 dividing ``world_size``."""
-    if (
-        isinstance(ranks_per_chunk, bool)
-        or not isinstance(ranks_per_chunk, int)
-        or ranks_per_chunk < 1
-        or world_size % ranks_per_chunk
-    ):
-        raise ValueError(
-            f"ranks_per_chunk must be an int ≥ 1 dividing the {world_size} ranks, got "
-            f"{ranks_per_chunk!r} (e.g. rollout.tensor_model_parallel_size must divide the ranks)"
-        )
+    check_divisor(
+        "ranks_per_chunk",
+        ranks_per_chunk,
+        world_size,
+        f"the {world_size} ranks",
+        " (e.g. rollout.tensor_model_parallel_size must divide the ranks)",
+    )
+
+
+def check_divisor(name: str, value: object, total: int, total_text: str, hint: str = "") -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int ≥ 1 dividing ``total``
+    (``total_text``: how the message names the total; ``hint``: appended to it)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or total % value:
+        raise ValueError(f"{name} must be an int ≥ 1 dividing {total_text}, got {value!r}{hint}")
 
 
 def real_rows_mask(batch: DataProto) -> torch.Tensor:

@@ -49,7 +49,7 @@ from datetime import timedelta
 from typing import Any
 
 from dataproto import DataProto
-from stages.engines.dispatch import collect_from_ranks, split_for_ranks
+from stages.engines.dispatch import check_divisor, collect_from_ranks, split_for_ranks
 from stages.engines.worker_group import check_method
 
 #: seconds to wait for every rank's actor to start (import torch/DeepSpeed, get scheduled)
@@ -304,16 +304,7 @@ class RayWorkerGroup:
                 f"{num_cpus_per_rank} and {num_gpus_per_rank}"
             )
         ranks_per_node = world_size if ranks_per_node is None else ranks_per_node
-        if (
-            isinstance(ranks_per_node, bool)
-            or not isinstance(ranks_per_node, int)
-            or ranks_per_node < 1
-            or world_size % ranks_per_node
-        ):
-            raise ValueError(
-                f"ranks_per_node must be an int ≥ 1 dividing world_size={world_size}, got "
-                f"{ranks_per_node!r}"
-            )
+        check_divisor("ranks_per_node", ranks_per_node, world_size, f"world_size={world_size}")
         env = _check_env(env)
         self._ray = import_ray()
         self.world_size = world_size
