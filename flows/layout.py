@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from flows.engines import role_groups, roles_for
+from stages.engines.dispatch import chunk_index
 from stages.engines.worker_group import WORKER_BACKENDS
 
 
@@ -38,7 +39,7 @@ def role_text(config: Any, role: str, rank: int | None = None) -> str:
     if role == "actor":
         tp = arr.rollout.tensor_model_parallel_size
         if tp > 1 and rank is not None:
-            where = f" engine {rank // tp} shard {rank % tp + 1}/{tp}"
+            where = f" engine {chunk_index(rank, tp)} shard {rank % tp + 1}/{tp}"
         else:
             where = f" TP {tp}" if tp > 1 else ""
         parts.append(f"rollout {arr.rollout.name}{where}")

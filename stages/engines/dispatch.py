@@ -92,7 +92,17 @@ def split_for_ranks(
     if rows == 0:  # nothing to split: every rank gets the empty batch
         return [flagged] * world_size, 0
     chunks = flagged.chunk(groups)
-    return [chunks[rank // ranks_per_chunk] for rank in range(world_size)], pad_size
+    return [chunks[chunk_index(rank, ranks_per_chunk)] for rank in range(world_size)], pad_size
+
+
+def chunk_index(rank: int, ranks_per_chunk: int) -> int:
+    """The chunk of a dispatched batch that rank ``rank`` got, when ``ranks_per_chunk``
+    consecutive ranks share one (:func:`split_for_ranks`).
+
+    >>> [chunk_index(r, 2) for r in range(4)], [chunk_index(r, 1) for r in range(3)]
+    ([0, 0, 1, 1], [0, 1, 2])
+    """
+    return rank // ranks_per_chunk
 
 
 def check_ranks_per_chunk(ranks_per_chunk: object, world_size: int) -> None:

@@ -23,6 +23,7 @@ from stages.engines.batching import MicroBatching
 from stages.engines.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from stages.engines.critic import ValueModel, compute_values, update_critic
 from stages.engines.deepspeed_setup import EngineSettings, initialize_engine, step_lr_schedule
+from stages.engines.dispatch import chunk_index
 from stages.engines.logprob import ResponseLogProbModel
 from stages.engines.models import load_causal_lm, load_value_model
 from stages.engines.response_hidden import forward_layout
@@ -466,16 +467,6 @@ def vllm_placement(
             "unset it or set it to 0"
         )
     return True, {"distributed_executor_backend": "external_launcher"}
-
-
-def chunk_index(rank: int, ranks_per_chunk: int) -> int:
-    """The chunk of a dispatched batch that rank ``rank`` got, when ``ranks_per_chunk``
-    consecutive ranks share one (``stages.engines.dispatch``).
-
-    >>> [chunk_index(r, 2) for r in range(4)], [chunk_index(r, 1) for r in range(3)]
-    ([0, 0, 1, 1], [0, 1, 2])
-    """
-    return rank // ranks_per_chunk
 
 
 def rank_seed(seed: int, rank: int) -> int:
