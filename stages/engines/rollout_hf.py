@@ -152,11 +152,15 @@ def _generate_rows(
 
     The leading prompt columns that are padding in every row are dropped before ``generate``
     (``stages.engines.trimming``): HF derives position ids from the attention mask, so the real
-    tokens see the same positions, and attention never reads padding.
+    tokens see the same positions, and attention never reads padding. Rows with the same prompt
+    (a prompt's ``n`` samples) share its KV cache (:func:`shared_prompt_cache`).
     """
     start = first_used_column(attention_mask)
     input_ids, attention_mask = input_ids[:, start:], attention_mask[:, start:]
     recorder = ChosenTokenLogProbs(settings.temperature if settings.do_sample else 1.0)
+    cache = shared_prompt_cache(module, input_ids, attention_mask)
+    if cache is not None:
+        generate_kwargs = {**generate_kwargs, "past_key_values": cache}
     sequences = module.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -169,6 +173,35 @@ def _generate_rows(
     missing = settings.response_length - generated.shape[1]
     responses = torch.nn.functional.pad(generated, (0, missing), value=settings.pad_token_id)
     return responses, torch.nn.functional.pad(logprobs, (0, missing), value=0.0)
+
+
+def shared_prompt_cache(module: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Any:
+    """The KV cache of each row's prompt but its last column, computed once per distinct prompt.
+
+    A rollout repeats every prompt ``n`` times, so ``generate`` would run the same prefill ``n``
+    times. Here the distinct (ids, mask) rows of the (B, P) prompts, U of them, go through one
+    forward of their first P - 1 columns (position ids from the mask, as ``generate`` makes
+    them); the cache is then repeated to the B rows (``Cache.batch_select_indices``) and handed
+    to ``generate``, which runs only the last column before it samples (HF's resume from a
+    cache: full ``input_ids`` and mask, the cached columns skipped). The same keys and values
+    as ``generate``'s own prefill, up to float rounding of a smaller batch. None when no prompt
+    repeats or the prompts are one column wide: ``generate`` then does the prefill itself.
+    """
+    rows, width = input_ids.shape
+    if width < 2:
+        return None
+    keys = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
+    distinct, row_of = torch.unique(keys, dim=0, return_inverse=True)  # (U, 2P), (B,)
+    if distinct.shape[0] == rows:
+        return None
+    ids, mask = distinct[:, : width - 1], distinct[:, width : 2 * width - 1]
+    mask = mask.to(attention_mask.dtype)
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    cache = module(
+        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True
+    ).past_key_values
+    cache.batch_select_indices(row_of)
+    return cache
 
 
 @torch.no_grad()

@@ -1,4 +1,5 @@
-"""HF rollout: output layout, log-probs equal the actor's recomputation, greedy determinism."""
+"""HF rollout: output layout, log-probs equal the actor's recomputation, greedy determinism, and
+the prefill a prompt's samples share."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from stages.engines.rollout_hf import (
     SamplingSettings,
     generate_sequences,
     response_mask_from_tokens,
+    shared_prompt_cache,
 )
 
 EOS, PAD, VOCAB = 2, 0, 61
@@ -122,6 +124,68 @@ def test_greedy_is_deterministic_and_chunking_does_not_change_it(tiny_lm):
     )
     assert torch.equal(first, second)
     assert torch.equal(first, generate_sequences(tiny_lm, prompts, chunked).batch["responses"])
+
+
+def test_a_prompts_samples_share_its_prefill_and_generate_what_separate_rows_do(tiny_lm):
+    # 1-token prompt included: its cached columns are all padding
+    prompts = prompt_batch([4, 1, 6], width=6, seed=3).repeat(3)
+    greedy = dict(response_length=8, eos_token_id=EOS, pad_token_id=PAD, do_sample=False)
+    shared = generate_sequences(tiny_lm, prompts, SamplingSettings(**greedy)).batch
+    # one row per generate call: no prompt repeats in a chunk, generate does its own prefill
+    alone = generate_sequences(tiny_lm, prompts, SamplingSettings(**greedy, max_batch_rows=1)).batch
+    assert torch.equal(shared["responses"], alone["responses"])
+    torch.testing.assert_close(
+        shared["rollout_log_probs"], alone["rollout_log_probs"], atol=1e-5, rtol=1e-5
+    )
+
+
+def test_sampled_rows_of_repeated_prompts_have_the_actors_log_probs(tiny_lm):
+    torch.manual_seed(11)
+    settings = SamplingSettings(response_length=10, eos_token_id=EOS, pad_token_id=PAD)
+    out = generate_sequences(
+        tiny_lm, prompt_batch([3, 6, 2], width=6, seed=4).repeat(4), settings
+    ).batch
+    with torch.no_grad():
+        recomputed, _ = response_logprobs(
+            tiny_lm, out["input_ids"], out["attention_mask"], out["position_ids"], 10
+        )
+    mask = out["response_mask"].bool()
+    torch.testing.assert_close(
+        out["rollout_log_probs"][mask], recomputed[mask], atol=1e-4, rtol=1e-4
+    )
+    assert len({tuple(r) for r in out["responses"][:4].tolist()}) > 1, "samples differ"
+
+
+def test_shared_prompt_cache_holds_every_row_but_the_last_column_and_only_when_prompts_repeat(
+    tiny_lm,
+):
+    prompts = prompt_batch([2, 5], width=5, seed=5).repeat(3).batch
+    ids, mask = prompts["input_ids"], prompts["attention_mask"]
+    with torch.no_grad():
+        cache = shared_prompt_cache(tiny_lm, ids, mask)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        full = tiny_lm(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, :-1],
+            use_cache=True,
+        ).past_key_values
+        distinct = prompt_batch([2, 5], width=5, seed=6).batch
+        none_repeat = shared_prompt_cache(
+            tiny_lm, distinct["input_ids"], distinct["attention_mask"]
+        )
+        one_column = shared_prompt_cache(tiny_lm, ids[:, -1:], mask[:, -1:])
+    assert cache.get_seq_length() == 4
+    for layer, reference in zip(cache.layers, full.layers, strict=True):
+        assert layer.keys.shape[0] == 6
+        real = mask[:, :-1].bool()  # padded columns are never attended to
+        torch.testing.assert_close(
+            layer.keys.transpose(1, 2)[real], reference.keys.transpose(1, 2)[real]
+        )
+        torch.testing.assert_close(
+            layer.values.transpose(1, 2)[real], reference.values.transpose(1, 2)[real]
+        )
+    assert none_repeat is None and one_column is None
 
 
 def test_response_mask_stops_at_first_eos():
