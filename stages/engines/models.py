@@ -3,7 +3,8 @@
 Actor and reference: ``AutoModelForCausalLM``. Critic: the same backbone with a scalar head,
 ``AutoModelForTokenClassification`` with one label, initialised from the actor's directory (the
 head is new, randomly initialised) or from its own path. Hub ids work where the network allows;
-``HF_HUB_OFFLINE=1`` keeps everything local.
+``HF_HUB_OFFLINE=1`` keeps everything local. ``attn_implementation: sdpa`` loads ppoflow's SDPA
+attention (stages/engines/attention.py: the same output, grouped K/V heads not copied on CPU).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
+from stages.engines.attention import transformers_attention
 from stages.engines.deepspeed_setup import DTYPES
 
 
@@ -83,7 +85,7 @@ def load_causal_lm(
         AutoModelForCausalLM.from_pretrained,
         path,
         dtype=_dtype(dtype),
-        attn_implementation=attn_implementation,
+        attn_implementation=transformers_attention(attn_implementation),
         trust_remote_code=trust_remote_code,
     )
     if gradient_checkpointing:
@@ -111,7 +113,7 @@ def load_value_model(
         path,
         num_labels=1,
         dtype=_dtype(dtype),
-        attn_implementation=attn_implementation,
+        attn_implementation=transformers_attention(attn_implementation),
         trust_remote_code=trust_remote_code,
     )
     if gradient_checkpointing:

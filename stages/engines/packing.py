@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from stages.engines.attention import PPOFLOW_SDPA
+
 
 @dataclass(frozen=True)
 class PackedLayout:
@@ -43,6 +45,7 @@ class PackedLayout:
 #: attention implementation (``model.config._attn_implementation``) → its packed layout
 PACKED_LAYOUTS: dict[str, PackedLayout] = {
     "sdpa": PackedLayout(one_row=False),
+    PPOFLOW_SDPA: PackedLayout(one_row=False),  # what the config's sdpa loads
     "eager": PackedLayout(one_row=False),
     "flash_attention_2": PackedLayout(one_row=True),
 }
