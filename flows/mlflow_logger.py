@@ -32,7 +32,9 @@
   table artifact, which the UI renders as a table); a file the run already holds is not logged
   again (``log_table`` would append to it), so a resumed run does not repeat a table.
 * Plots: :meth:`MLflowLogger.log_plots` renders the end-of-run reward / response length / KL
-  plots (flows/plots.py) and logs them as ``plots/<name>.png``.
+  plots (flows/plots.py) and logs them as ``plots/<name>.png``; the first :meth:`log_metrics`
+  starts importing the renderer in a background thread (``plots.preload_renderer``), so the
+  plots after the last step do not wait for matplotlib's import.
 * Outages: every call goes through a queue. When the server cannot be reached (connection
   refused, timeout, 5xx, a locked SQLite file) the entry stays queued, one warning is logged for
   the outage, and the queue is retried at the next call once ``retry_interval_s`` has passed
@@ -55,6 +57,7 @@ import math
 import os
 import posixpath
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -72,7 +75,7 @@ from mlflow.utils.validation import (
 
 from flows.cache_keys import jsonable
 from flows.mlflow_store import artifact_location, creation_lock, default_tracking_uri
-from flows.plots import PlotReport, write_run_plots
+from flows.plots import PlotReport, preload_renderer, write_run_plots
 from flows.run_description import NOTE_TAG, describe, description_markdown
 from stages.metrics.naming import restore_metric_name, sanitize_metric_name
 
@@ -217,6 +220,7 @@ class MLflowLogger:
         self._retry_interval_s = retry_interval_s
         self._next_attempt = 0.0
         self._in_outage = False
+        self._renderer_import: threading.Thread | None = None  # started by the first metrics
         if not deferred:
             self._drain(force=True)
 
@@ -271,6 +275,8 @@ class MLflowLogger:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Log ``metrics`` at ``step`` (one ``log_batch``); names sanitized one-to-one."""
+        if self._renderer_import is None:
+            self._renderer_import = preload_renderer()
         now = int(time.time() * 1000)
         entries = []
         for name, value in metrics.items():

@@ -4,6 +4,8 @@ MLflowLogger.log_plots, which queues the PNG bytes so an outage does not lose th
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -85,7 +87,8 @@ def test_a_row_without_the_global_step_is_named():
 
 class ArtifactStore:
     """Stands in for MlflowClient: one run; log_artifact fails like an unreachable server while
-    ``down`` and otherwise keeps the bytes of the file it is given at the time of the call."""
+    ``down`` and otherwise keeps the bytes of the file it is given at the time of the call;
+    metrics, tags and the metric-names file are accepted and dropped."""
 
     def __init__(self) -> None:
         self.down, self.artifacts, self.status = True, {}, None
@@ -104,6 +107,15 @@ class ArtifactStore:
     def set_terminated(self, run_id, status):
         self.status = status
 
+    def log_batch(self, run_id, metrics=(), **_):
+        pass
+
+    def log_dict(self, run_id, data, artifact_file):
+        pass
+
+    def set_tag(self, run_id, key, value):
+        pass
+
 
 def test_log_plots_survives_an_outage_and_sends_the_pngs_when_the_store_returns(monkeypatch):
     store = ArtifactStore()
@@ -119,3 +131,32 @@ def test_log_plots_survives_an_outage_and_sends_the_pngs_when_the_store_returns(
     assert sorted(store.artifacts) == ["plots/response_length.png", "plots/reward.png"]
     assert all(data.startswith(PNG_SIGNATURE) for data in store.artifacts.values())
     assert store.status == "FINISHED"
+
+
+RENDERER_PROBE = """
+import sys
+from flows.plots import RENDERER_MODULES, preload_renderer
+before = [m for m in RENDERER_MODULES if m in sys.modules]
+preload_renderer().join(timeout=120)
+print(before, [m for m in RENDERER_MODULES if m not in sys.modules])
+"""
+
+
+def test_preload_renderer_imports_matplotlib_in_its_thread_and_importing_plots_does_not():
+    # a fresh interpreter: this test process may have imported matplotlib already
+    done = subprocess.run(
+        [sys.executable, "-c", RENDERER_PROBE], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "[]"]  # none loaded by the import, all by the thread
+
+
+def test_the_first_metrics_start_the_renderer_import_once(monkeypatch):
+    started = []
+    monkeypatch.setattr("flows.mlflow_logger.MlflowClient", lambda tracking_uri: ArtifactStore())
+    monkeypatch.setattr("flows.mlflow_logger.preload_renderer", lambda: started.append(1) or 1)
+    logger = MLflowLogger("proj", "plots", tracking_uri="sqlite:///unused.db", retry_interval_s=0)
+    assert started == []
+    logger.log_metrics({"a": 1.0}, step=1)
+    logger.log_metrics({"a": 2.0}, step=2)
+    assert started == [1]
