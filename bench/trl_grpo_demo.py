@@ -1,7 +1,8 @@
 """TRL's GRPOTrainer on ppoflow's demo work: the baseline side of bench/vs_trl.py.
 
     .venv-bench/bin/python bench/trl_grpo_demo.py --model DIR --data FILE --steps N --out FILE
-        [--n 4] [--completions 256] [--micro 16] [--max-tokens 16]
+        [--samples 4] [--completions 256] [--micro 16] [--max-tokens 16] [--threads 2]
+    .venv-bench/bin/torchrun --standalone --nproc-per-node=2 bench/trl_grpo_demo.py … --threads 1
 
 Run in the bench environment (``make bench-trl-env``: TRL 1.16 and the same transformers and
 torch as ppoflow's environment); ppoflow is not imported, only the demo task's scorer
@@ -14,7 +15,9 @@ torch as ppoflow's environment); ppoflow is not imported, only the demo task's s
 scaled advantages, token-mean loss (TRL's ``dapo``), clip ε 0.2, fp32, CPU.
 
 ``--out`` receives one JSON line per optimizer step, ``{"step": k, "wall": time.time()}`` at
-its end, and a last line with the process's peak RSS (``ru_maxrss``, KiB).
+its end, and a last line with the process's peak RSS (``ru_maxrss``, KiB). Under ``torchrun``
+(data-parallel processes, gloo on CPU, Accelerate reads the launcher's environment) each of the
+W processes generates and trains on completions / W per step; process 0 writes ``--out``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -32,6 +36,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
+#: this process's rank and the number of processes (torchrun's environment; 0 and 1 without it)
+WORLD_RANK = int(os.environ.get("RANK", "0"))
+WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def demo_scorer():
@@ -59,15 +66,16 @@ def demo_reward(prompts, completions, reward_model, data_source, extra_info, **_
 
 
 class StepTimes(TrainerCallback):
-    """Appends ``{"step": k, "wall": …}`` to ``path`` at the end of each optimizer step."""
+    """Appends ``{"step": k, "wall": …}`` to ``path`` at the end of each optimizer step (process
+    0 only)."""
 
     def __init__(self, path: Path) -> None:
-        self.out = path.open("w")
+        self.out = path.open("w") if WORLD_RANK == 0 else None
 
     def on_step_end(self, args, state, control, **kwargs):
-        record = {"step": state.global_step, "wall": time.time()}
-        self.out.write(json.dumps(record) + "\n")
-        self.out.flush()
+        if self.out is not None:
+            self.out.write(json.dumps({"step": state.global_step, "wall": time.time()}) + "\n")
+            self.out.flush()
 
 
 def main() -> None:
@@ -77,22 +85,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--n", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--samples", type=int, default=4, help="samples per prompt")
     parser.add_argument("--completions", type=int, default=256, help="completions per step")
     parser.add_argument("--micro", type=int, default=16, help="completions per micro-batch")
     parser.add_argument("--max-tokens", type=int, default=16, help="max completion tokens")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per process")
     args = parser.parse_args()
-    if args.completions % args.micro or args.completions % args.n:
-        parser.error("--completions must be a multiple of --micro and of --n")
-    torch.set_num_threads(2)
+    if args.completions % (args.micro * WORLD_SIZE) or args.completions % args.samples:
+        parser.error(
+            "--completions must be a multiple of --samples and of --micro × the process count "
+            f"({args.micro} × {WORLD_SIZE})"
+        )
+    torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     dataset = load_dataset("parquet", data_files=args.data, split="train")
     config = GRPOConfig(
         output_dir=str(Path(args.out).parent / "trl-output"),
         per_device_train_batch_size=args.micro,
-        gradient_accumulation_steps=args.completions // args.micro,  # one optimizer step
-        num_generations=args.n,
+        # one optimizer step per generation round of `completions`, over all processes
+        gradient_accumulation_steps=args.completions // (args.micro * WORLD_SIZE),
+        num_generations=args.samples,
         max_completion_length=args.max_tokens,
         temperature=1.0,
         num_iterations=1,
@@ -126,9 +139,10 @@ def main() -> None:
         callbacks=[times],
     )
     trainer.train()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times.out.write(json.dumps({"peak_rss_kib": peak}) + "\n")
-    times.out.close()
+    if times.out is not None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        times.out.write(json.dumps({"peak_rss_kib": peak}) + "\n")
+        times.out.close()
 
 
 if __name__ == "__main__":

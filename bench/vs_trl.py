@@ -74,7 +74,7 @@ SIZES = {
             "actor_rollout_ref.actor.ppo_mini_batch_size=16",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
         ),
-        ("--n", "8", "--completions", "128", "--micro", "16", "--max-tokens", "64"),
+        ("--samples", "8", "--completions", "128", "--micro", "16", "--max-tokens", "64"),
     ),
 }
 STAGE_TIMERS = ("gen", "reward", "old_log_prob", "adv", "update_actor", "step")
@@ -187,18 +187,33 @@ def run_ppoflow(
     return Run(spawned, exited, ends, peak, pss, timings)
 
 
-def run_trl(work: Path, steps: int, index: int, options: tuple[str, ...] = ()) -> Run:
+def run_trl(
+    work: Path, steps: int, index: int, options: tuple[str, ...] = (), processes: int = 1
+) -> Run:
+    """One TRL training; ``processes`` > 1: that many data-parallel processes under torchrun,
+    the 2 threads split between them."""
     out = work / f"trl-{index}.jsonl"
+    threads = max(1, 2 // processes)
+    launcher = [str(BENCH_PY)]
+    if processes > 1:
+        torchrun = BENCH_PY.parent / "torchrun"
+        launcher = [str(torchrun), "--standalone", f"--nproc-per-node={processes}"]
     command = [
-        str(BENCH_PY),
+        *launcher,
         str(REPO / "bench" / "trl_grpo_demo.py"),
         "--model", str(work / "demo" / "model"),
         "--data", str(work / "demo" / "data" / "train.parquet"),
         "--steps", str(steps),
         "--out", str(out),
+        "--threads", str(threads),
         *options,
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
     env["HF_HOME"] = str(work / "hf-home")
     spawned, exited, peak, pss = timed(command, env, work / f"trl-{index}.log")
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -246,6 +261,14 @@ def main() -> None:
         help="also run ppoflow from the source tree DIR (e.g. `git worktree add DIR REV`) in "
         "each round, before the current tree: before, ppoflow, TRL, …",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="data-parallel processes per side, the 2 threads split between them: ppoflow's "
+        "Ray worker group of that many CPU ranks (1 thread each), TRL under torchrun",
+    )
     args = parser.parse_args()
     if not BENCH_PY.exists():
         sys.exit(f"error: {BENCH_PY} does not exist; run `make bench-trl-env` first")
@@ -259,15 +282,20 @@ def main() -> None:
         ours: list[Run] = []
         theirs: list[Run] = []
         before: list[Run] = []
+        ranks = [] if args.processes == 1 else [
+            "ppoflow.workers.backend=ray", f"trainer.n_gpus_per_node={args.processes}",
+        ]  # fmt: skip
         for index in range(args.pairs):
             if args.before is not None:
-                before.append(run_ppoflow(work, args.steps, f"before-{index}", [*size.ppoflow_overrides, *args.override], args.ppoflow_python, args.before))  # fmt: skip
-            ours.append(run_ppoflow(work, args.steps, index, [*size.ppoflow_overrides, *args.override], args.ppoflow_python))  # fmt: skip
-            theirs.append(run_trl(work, args.steps, index, size.trl_options))
+                before.append(run_ppoflow(work, args.steps, f"before-{index}", [*size.ppoflow_overrides, *ranks, *args.override], args.ppoflow_python, args.before))  # fmt: skip
+            ours.append(run_ppoflow(work, args.steps, index, [*size.ppoflow_overrides, *ranks, *args.override], args.ppoflow_python))  # fmt: skip
+            theirs.append(run_trl(work, args.steps, index, size.trl_options, args.processes))
             print(f"pair {index + 1}: ppoflow {ours[-1].s_per_step:.3f} s/step, TRL "
                   f"{theirs[-1].s_per_step:.3f} s/step", flush=True)  # fmt: skip
     print(f"\n{args.size} size, {args.pairs} pairs × {args.steps} steps, load average "
           f"{os.getloadavg()[0]:.2f}")  # fmt: skip
+    if args.processes > 1:
+        print(f"  {args.processes} data-parallel processes per side, 1 thread each")
     if args.override or args.ppoflow_python != PPOFLOW_PY:
         print(f"  ppoflow: {args.ppoflow_python} {' '.join(args.override)}")
     if before:
