@@ -5,6 +5,8 @@
   (verl's ``rearrange_micro_batches``). Rows are regrouped, so outputs come back permuted.
 - :func:`split_fixed_size` (``log_prob_micro_batch_size`` / ``ppo_micro_batch_size``): contiguous
   slices of a fixed row count, the last one possibly shorter.
+- :func:`split_fixed_size_by_length`: the same counts with the rows sorted by length first, so
+  each micro-batch holds rows of similar length (what the workers use: less padding per forward).
 - :func:`restore_order`: concatenated per-micro-batch outputs → the original row order.
 
 A plan is a list of index lists (row indices into the batch, one list per micro-batch).
@@ -126,6 +128,30 @@ def split_fixed_size(batch_size: int, micro_batch_size: int) -> list[list[int]]:
     return [
         list(range(start, min(start + micro_batch_size, batch_size)))
         for start in range(0, batch_size, micro_batch_size)
+    ]
+
+
+def split_fixed_size_by_length(
+    lengths_or_mask: Tensor | Sequence[int], micro_batch_size: int
+) -> list[list[int]]:
+    """Micro-batches of ``micro_batch_size`` rows (the last may be shorter), the rows taken in
+    order of length (ties in row order), each micro-batch's indices ascending.
+
+    Under loss denominators of the whole mini-batch (ppoflow's, verl's ``global_batch_info``)
+    the accumulated gradient does not depend on which rows share a micro-batch; a forward pads
+    (or packs) its rows to the longest of them, so rows of similar length waste less.
+
+    Example:
+        >>> split_fixed_size_by_length(torch.tensor([9, 2, 8, 3, 5]), 2)
+        [[1, 3], [2, 4], [0]]
+    """
+    if micro_batch_size <= 0:
+        raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
+    lengths = _row_lengths(lengths_or_mask)
+    by_length = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    return [
+        sorted(by_length[start : start + micro_batch_size])
+        for start in range(0, len(lengths), micro_batch_size)
     ]
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from stages.algos.aggregation import GlobalBatchInfo
-from stages.algos.micro_batch import split_by_token_budget, split_fixed_size
+from stages.algos.micro_batch import split_by_token_budget, split_fixed_size_by_length
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class MicroBatching:
         """
         rows = attention_mask.shape[0]
         if not self.use_dynamic_bsz:
-            return split_fixed_size(rows, self.micro_batch_size or rows)
+            return split_fixed_size_by_length(attention_mask, self.micro_batch_size or rows)
         plan = split_by_token_budget(attention_mask, max_token_len=self.max_token_len)
         for _ in range(3):
             agreed = _max_over_ranks(len(plan), attention_mask.device)

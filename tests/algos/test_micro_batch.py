@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.algos.micro_batch import restore_order, split_by_token_budget, split_fixed_size
+from stages.algos.micro_batch import (
+    restore_order,
+    split_by_token_budget,
+    split_fixed_size,
+    split_fixed_size_by_length,
+)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -59,6 +64,20 @@ def test_fixed_size_plan():
     assert split_fixed_size(0, 4) == []
     with pytest.raises(ValueError, match="micro_batch_size must be positive"):
         split_fixed_size(4, 0)
+
+
+def test_fixed_size_by_length_groups_rows_of_similar_length():
+    lengths = torch.tensor([7, 2, 9, 2, 5, 8, 1])
+    plan = split_fixed_size_by_length(lengths, 3)
+    assert plan == [[1, 3, 6], [0, 4, 5], [2]]  # lengths {1, 2, 2}, {5, 7, 8}, {9}; ties by row
+    assert sorted(i for part in plan for i in part) == list(range(7))
+    mask = (torch.arange(10)[None, :] < lengths[:, None]).long()  # a (B, T) mask works too
+    assert split_fixed_size_by_length(mask, 3) == plan
+    values = torch.arange(7) * 10
+    assert torch.equal(restore_order([values[part] for part in plan], plan), values)
+    assert split_fixed_size_by_length([], 4) == []
+    with pytest.raises(ValueError, match="micro_batch_size must be positive"):
+        split_fixed_size_by_length([3, 4], 0)
 
 
 def test_restore_order_rejects_a_plan_that_does_not_fit():

@@ -75,12 +75,15 @@ def updated_weights(model_dir, zero_stage, micro, batch, epochs=1):
     return weights, metrics
 
 
+@pytest.mark.parametrize("micro_rows", [1, 3])  # 3: rows grouped by length, not in order
 @pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
-def test_update_is_invariant_to_micro_batch_split(tiny_model_dir, zero_stage, make_rollout_batch):
+def test_update_is_invariant_to_micro_batch_split(
+    tiny_model_dir, zero_stage, micro_rows, make_rollout_batch
+):
     batch = make_rollout_batch([3, 5, 1, 4, 2, 5, 5, 1], [4, 2, 1, 3, 4, 0, 1, 4], P=5, R=4, seed=1)
     whole, whole_metrics = updated_weights(tiny_model_dir, zero_stage, MicroBatching(), batch)
     split, split_metrics = updated_weights(
-        tiny_model_dir, zero_stage, MicroBatching(micro_batch_size=1), batch
+        tiny_model_dir, zero_stage, MicroBatching(micro_batch_size=micro_rows), batch
     )
     for name in whole:
         torch.testing.assert_close(split[name], whole[name], atol=2e-6, rtol=1e-5, msg=name)

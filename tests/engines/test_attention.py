@@ -66,7 +66,9 @@ def test_padded_forward_and_gradients_equal_transformers_sdpa(gqa_dir):
     ours, theirs = both(gqa_dir)
     assert ours.config._attn_implementation == PPOFLOW_SDPA
     ids, mask, positions = left_padded()
-    logits = [m(input_ids=ids, attention_mask=mask, position_ids=positions).logits for m in (ours, theirs)]  # fmt: skip
+    logits = [
+        m(input_ids=ids, attention_mask=mask, position_ids=positions).logits for m in (ours, theirs)
+    ]
     real = mask.bool()
     torch.testing.assert_close(logits[0][real], logits[1][real], atol=1e-6, rtol=1e-6)
     for out in logits:
@@ -92,15 +94,14 @@ def test_greedy_generation_equals_transformers_sdpa(gqa_dir, cache):
     ours, theirs = both(gqa_dir)
     ids, mask, _ = left_padded()
     kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=[])
+    kwargs.update(use_cache=True, output_logits=True, return_dict_in_generate=True)
     if cache is not None:
         kwargs["cache_implementation"] = cache
     with torch.no_grad():
-        out = [
-            m.generate(input_ids=ids, attention_mask=mask, use_cache=True, **kwargs, output_logits=True, return_dict_in_generate=True)  # fmt: skip
-            for m in (ours, theirs)
-        ]
+        out = [m.generate(input_ids=ids, attention_mask=mask, **kwargs) for m in (ours, theirs)]
     assert torch.equal(out[0].sequences, out[1].sequences)
-    torch.testing.assert_close(torch.stack(out[0].logits), torch.stack(out[1].logits), atol=1e-5, rtol=1e-5)  # fmt: skip
+    logits = [torch.stack(o.logits) for o in out]
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
 
 
 def test_without_grouping_it_is_transformers_function(tmp_path, monkeypatch):
