@@ -18,10 +18,11 @@ VOCAB, PAD, EOS = 67, 0, 2
 collect_ignore = ["vllm_greedy_check.py"]
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def write_tiny_lm(path: Path, **overrides) -> Path:
+    """A tiny random Qwen2 causal LM saved at ``path`` (seed 0): 2 layers, hidden 64, 2 query
+    heads sharing 1 K/V head; ``overrides`` change the config."""
     torch.manual_seed(0)
-    config = Qwen2Config(
+    settings = dict(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=96,
@@ -33,9 +34,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pad_token_id=PAD,
         tie_word_embeddings=True,
     )
-    path = tmp_path_factory.mktemp("tiny-lm")
-    Qwen2ForCausalLM(config).save_pretrained(path)
+    Qwen2ForCausalLM(Qwen2Config(**{**settings, **overrides})).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_lm(tmp_path_factory.mktemp("tiny-lm"))
+
+
+@pytest.fixture
+def make_tiny_lm():
+    """The :func:`write_tiny_lm` writer, for tests (conftest modules are not importable)."""
+    return write_tiny_lm
 
 
 @pytest.fixture

@@ -9,35 +9,13 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
 from stages.engines import attention
 from stages.engines.attention import PPOFLOW_SDPA, transformers_attention
 from stages.engines.models import load_causal_lm
 
-VOCAB = 53
-
-
-def write_model(tmp_path, kv_heads: int):
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=2,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(tmp_path)
-    return tmp_path
-
-
-@pytest.fixture(scope="module")
-def gqa_dir(tmp_path_factory):
-    return write_model(tmp_path_factory.mktemp("gqa"), kv_heads=2)
+MAX_ID = 50  # token ids drawn below the tiny model's vocabulary
 
 
 def both(path):
@@ -49,7 +27,7 @@ def both(path):
 
 
 def left_padded(rows: int = 4, width: int = 12):
-    ids = torch.randint(3, VOCAB, (rows, width), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(3, MAX_ID, (rows, width), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(rows, width, dtype=torch.long)
     for row, pad in enumerate([0, 3, 7, 11][:rows]):
         mask[row, :pad] = 0
@@ -62,8 +40,8 @@ def test_config_sdpa_loads_ppoflows_attention_and_other_names_are_kept():
     assert transformers_attention("flash_attention_2") == "flash_attention_2"
 
 
-def test_padded_forward_and_gradients_equal_transformers_sdpa(gqa_dir):
-    ours, theirs = both(gqa_dir)
+def test_padded_forward_and_gradients_equal_transformers_sdpa(tiny_model_dir):
+    ours, theirs = both(tiny_model_dir)
     assert ours.config._attn_implementation == PPOFLOW_SDPA
     ids, mask, positions = left_padded()
     logits = [
@@ -77,9 +55,9 @@ def test_padded_forward_and_gradients_equal_transformers_sdpa(gqa_dir):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_packed_rows_equal_transformers_sdpa_and_each_sequence_alone(gqa_dir):
-    ours, theirs = both(gqa_dir)
-    ids = torch.randint(3, VOCAB, (1, 20), generator=torch.Generator().manual_seed(2))
+def test_packed_rows_equal_transformers_sdpa_and_each_sequence_alone(tiny_model_dir):
+    ours, theirs = both(tiny_model_dir)
+    ids = torch.randint(3, MAX_ID, (1, 20), generator=torch.Generator().manual_seed(2))
     positions = torch.cat([torch.arange(7), torch.arange(13)])[None]
     with torch.no_grad():
         packed = ours(input_ids=ids, position_ids=positions).logits
@@ -90,8 +68,8 @@ def test_packed_rows_equal_transformers_sdpa_and_each_sequence_alone(gqa_dir):
 
 
 @pytest.mark.parametrize("cache", [None, "static"])
-def test_greedy_generation_equals_transformers_sdpa(gqa_dir, cache):
-    ours, theirs = both(gqa_dir)
+def test_greedy_generation_equals_transformers_sdpa(tiny_model_dir, cache):
+    ours, theirs = both(tiny_model_dir)
     ids, mask, _ = left_padded()
     kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=[])
     kwargs.update(use_cache=True, output_logits=True, return_dict_in_generate=True)
@@ -104,7 +82,7 @@ def test_greedy_generation_equals_transformers_sdpa(gqa_dir, cache):
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
 
 
-def test_without_grouping_it_is_transformers_function(tmp_path, monkeypatch):
+def test_without_grouping_it_is_transformers_function(tmp_path, monkeypatch, make_tiny_lm):
     calls = []
     from transformers.integrations import sdpa_attention as hf
 
@@ -115,25 +93,25 @@ def test_without_grouping_it_is_transformers_function(tmp_path, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(hf, "sdpa_attention_forward", counted)
-    plain = load_causal_lm(write_model(tmp_path, kv_heads=4))
+    plain = load_causal_lm(make_tiny_lm(tmp_path, num_key_value_heads=2))
     ids, mask, positions = left_padded(rows=2)
     with torch.no_grad():
         plain(input_ids=ids, attention_mask=mask, position_ids=positions)
     assert len(calls) == 2  # one per layer: groups of 1 go to transformers' own function
 
 
-def test_grouped_cpu_calls_do_not_go_through_transformers_repeat(gqa_dir, monkeypatch):
+def test_grouped_cpu_calls_do_not_go_through_transformers_repeat(tiny_model_dir, monkeypatch):
     from transformers.integrations import sdpa_attention as hf
 
     monkeypatch.setattr(hf, "repeat_kv", lambda *a, **k: pytest.fail("K/V heads were copied"))
-    model = load_causal_lm(gqa_dir)
+    model = load_causal_lm(tiny_model_dir)
     ids, mask, positions = left_padded(rows=2)
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask, position_ids=positions)
     assert attention.LOADED_AS["sdpa"] == model.config._attn_implementation
 
 
-def test_a_saved_model_records_no_attention_implementation(gqa_dir, tmp_path):
-    load_causal_lm(gqa_dir).save_pretrained(tmp_path / "saved")
+def test_a_saved_model_records_no_attention_implementation(tiny_model_dir, tmp_path):
+    load_causal_lm(tiny_model_dir).save_pretrained(tmp_path / "saved")
     config = json.loads((tmp_path / "saved" / "config.json").read_text())
     assert not [key for key in config if "attn" in key]
