@@ -2,6 +2,7 @@
 
     make bench-trl-env     # once: .venv-bench with TRL 1.16 (never a ppoflow dependency)
     .venv/bin/python bench/vs_trl.py [--pairs 3] [--steps 12] [--size demo|compute] [--override KEY=VALUE …]
+        [--before DIR] [--processes 1|2]
 
 The same work on both sides: the demo task's data and the tiny model written by ppoflow's own
 commands into a temp directory, 64 prompts × 4 samples per step, at most 16 response tokens
@@ -24,6 +25,8 @@ the sum is what the tree costs the machine). Printed: the medians per side,
 the per-pair ratios ppoflow ÷ TRL (< 1: ppoflow faster), ppoflow's stage breakdown (its
 ``timing_s/*`` metrics), and the load average. ``--before DIR`` adds a third side in each round,
 ppoflow from another source tree (an older commit's worktree), and the ratios ppoflow ÷ before.
+``--processes 2`` runs each side data-parallel over the 2 cores, one thread per process:
+ppoflow's Ray worker group of 2 CPU ranks, TRL under ``torchrun``.
 """
 
 from __future__ import annotations
@@ -285,10 +288,11 @@ def main() -> None:
         ranks = [] if args.processes == 1 else [
             "ppoflow.workers.backend=ray", f"trainer.n_gpus_per_node={args.processes}",
         ]  # fmt: skip
+        overrides = [*size.ppoflow_overrides, *ranks, *args.override]
         for index in range(args.pairs):
             if args.before is not None:
-                before.append(run_ppoflow(work, args.steps, f"before-{index}", [*size.ppoflow_overrides, *ranks, *args.override], args.ppoflow_python, args.before))  # fmt: skip
-            ours.append(run_ppoflow(work, args.steps, index, [*size.ppoflow_overrides, *ranks, *args.override], args.ppoflow_python))  # fmt: skip
+                before.append(run_ppoflow(work, args.steps, f"before-{index}", overrides, args.ppoflow_python, args.before))  # fmt: skip
+            ours.append(run_ppoflow(work, args.steps, index, overrides, args.ppoflow_python))
             theirs.append(run_trl(work, args.steps, index, size.trl_options, args.processes))
             print(f"pair {index + 1}: ppoflow {ours[-1].s_per_step:.3f} s/step, TRL "
                   f"{theirs[-1].s_per_step:.3f} s/step", flush=True)  # fmt: skip
