@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from dataproto import DataProto
+from stages.engines.kv_cache import reserved_cache
 from stages.engines.trimming import first_used_column
 
 
@@ -153,12 +154,16 @@ def _generate_rows(
     The leading prompt columns that are padding in every row are dropped before ``generate``
     (``stages.engines.trimming``): HF derives position ids from the attention mask, so the real
     tokens see the same positions, and attention never reads padding. Rows with the same prompt
-    (a prompt's ``n`` samples) share its KV cache (:func:`shared_prompt_cache`).
+    (a prompt's ``n`` samples) share its KV cache (:func:`shared_prompt_cache`), and the cache
+    writes each new token in place where the model allows (``stages.engines.kv_cache``).
     """
     start = first_used_column(attention_mask)
     input_ids, attention_mask = input_ids[:, start:], attention_mask[:, start:]
     recorder = ChosenTokenLogProbs(settings.temperature if settings.do_sample else 1.0)
-    cache = shared_prompt_cache(module, input_ids, attention_mask)
+    cache = reserved_cache(module, settings.response_length)  # None: the model's own
+    shared = shared_prompt_cache(module, input_ids, attention_mask, cache)
+    if shared is not None:
+        cache = shared  # the reserved cache filled, or the model's own holding the prefill
     if cache is not None:
         generate_kwargs = {**generate_kwargs, "past_key_values": cache}
     sequences = module.generate(
@@ -175,7 +180,9 @@ def _generate_rows(
     return responses, torch.nn.functional.pad(logprobs, (0, missing), value=0.0)
 
 
-def shared_prompt_cache(module: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Any:
+def shared_prompt_cache(
+    module: nn.Module, input_ids: Tensor, attention_mask: Tensor, cache: Any = None
+) -> Any:
     """The KV cache of each row's prompt but its last column, computed once per distinct prompt.
 
     A rollout repeats every prompt ``n`` times, so ``generate`` would run the same prefill ``n``
@@ -186,6 +193,7 @@ def shared_prompt_cache(module: nn.Module, input_ids: Tensor, attention_mask: Te
     cache: full ``input_ids`` and mask, the cached columns skipped). The same keys and values
     as ``generate``'s own prefill, up to float rounding of a smaller batch. None when no prompt
     repeats or the prompts are one column wide: ``generate`` then does the prefill itself.
+    ``cache``: the empty cache to fill (``kv_cache.reserved_cache``); None: the model's own.
     """
     rows, width = input_ids.shape
     if width < 2:
@@ -198,7 +206,11 @@ def shared_prompt_cache(module: nn.Module, input_ids: Tensor, attention_mask: Te
     mask = mask.to(attention_mask.dtype)
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
     cache = module(
-        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
     ).past_key_values
     cache.batch_select_indices(row_of)
     return cache
