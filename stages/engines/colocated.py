@@ -10,8 +10,9 @@ Rank side: :class:`ColocatedWorker` holds ``{role: worker}`` and runs ``worker.m
 role a call names. Driver side: :class:`ColocatedRoles` owns the one worker group and hands out a
 :class:`ColocatedRole` per role, called like a worker group (``call``, ``call_all``, ``close``); the
 dispatch is the group's own (pad to the rank count, chunk, collect, un-pad), so a role's batches
-and metrics are exactly those of a group of its own. Closing a role frees its worker on every rank;
-closing the last one closes the group (its processes and anything it started).
+and metrics are exactly those of a group of its own. Closing a role frees its worker on every rank
+(its ``close()``); closing the last one then closes the group (its processes and anything it
+started).
 
 Example:
     >>> import torch
@@ -126,19 +127,20 @@ class ColocatedRoles:
         return self.group
 
     def close_role(self, role: str) -> None:
-        """Free ``role`` on every rank; close the group once no role is left. Safe to repeat."""
+        """Free ``role`` on every rank (its worker's ``close()``, which releases what the
+        worker holds outside its process, e.g. a vLLM engine's shared memory); close the group
+        once no role is left. Safe to repeat."""
         if role not in self.open_roles:
             return
         self.open_roles.remove(role)
-        if not self.open_roles:
-            self.group.close()
-            return
         try:
             self.group.call_all("close_role", role_name=role)
         except BaseException:  # a broken group: release it all (processes, Ray), then report
             self.open_roles.clear()
             self.group.close()
             raise
+        if not self.open_roles:
+            self.group.close()
 
     def close_all(self) -> None:
         for role in list(self.open_roles):

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from dataproto.protocol import DataProto
 from stages.engines.rollout_hf import SamplingSettings, assemble_rollout
+from stages.engines.vllm_shm import explain_existing_segment, owned_segments, remove_segments
 from stages.engines.vllm_worker_ext import WEIGHT_SYNC_EXTENSION
 from stages.engines.weight_buckets import (
     DEFAULT_BUCKET_BYTES,
@@ -149,20 +150,26 @@ class VLLMRollout:
         self._joined_world = torch.distributed.is_initialized()
         self._asleep: set[str] = set()
         self._warned_no_sleep = False
-        self.llm = LLM(
-            model=str(model_path),
-            dtype=dtype,
-            max_model_len=max_model_len,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            enforce_eager=enforce_eager,
-            seed=seed,
-            enable_sleep_mode=self.sleep_enabled,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=WEIGHT_SYNC_EXTENSION,
-            **dict(engine_kwargs or {}),
-        )
+        try:
+            self.llm = LLM(
+                model=str(model_path),
+                dtype=dtype,
+                max_model_len=max_model_len,
+                tensor_parallel_size=tensor_parallel_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                kv_cache_memory_bytes=kv_cache_memory_bytes,
+                enforce_eager=enforce_eager,
+                seed=seed,
+                enable_sleep_mode=self.sleep_enabled,
+                logprobs_mode="processed_logprobs",
+                worker_extension_cls=WEIGHT_SYNC_EXTENSION,
+                **dict(engine_kwargs or {}),
+            )
+        except RuntimeError as error:
+            clear = explain_existing_segment(error)
+            if clear is None:
+                raise
+            raise clear from error
 
     # --- rollouts ---
 
@@ -302,11 +309,13 @@ class VLLMRollout:
 
     def close(self) -> None:
         """Shut the engine (and its worker processes) down and release its memory. vLLM's
-        process groups go with it; the torch.distributed world goes too only when the engine
-        created it (an engine built in a rank's existing world leaves the world to the rank)."""
+        process groups go with it, and the shared-memory segments this process created for them
+        on CPU (`vllm_shm`); the torch.distributed world goes too only when the engine created
+        it (an engine built in a rank's existing world leaves the world to the rank)."""
         llm = getattr(self, "llm", None)
         if llm is None:
             return
+        segments = owned_segments()
         from vllm.distributed.parallel_state import (
             cleanup_dist_env_and_memory,
             destroy_model_parallel,
@@ -322,6 +331,7 @@ class VLLMRollout:
             destroy_model_parallel()
         else:
             cleanup_dist_env_and_memory()
+        remove_segments(segments)
 
     def __enter__(self) -> VLLMRollout:
         return self

@@ -39,6 +39,7 @@ from flows.derived_keys import load_stage_artifact
 from flows.run_store import RunStore
 from flows.train import train
 from stages.data.tiny_model import load_causal_lm
+from stages.engines.vllm_shm import SHM_DIR
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -82,6 +83,11 @@ def checkpoint_weights(actor_dir: Path) -> dict[str, torch.Tensor]:
     return {name.removeprefix("lm."): tensor for name, tensor in module.items()}
 
 
+def cpu_shm_segments() -> set[str]:
+    """The vLLM CPU communicators' shared-memory segments on this machine."""
+    return {path.name for path in SHM_DIR.glob("*-cpushm_*")}
+
+
 def greedy_checks(log_dir: Path) -> list[dict]:
     return [
         json.loads(line)
@@ -98,6 +104,7 @@ def test_grpo_with_kl_on_two_ray_ranks_with_vllm_per_rank_or_spanning_both_ends_
 
     monkeypatch.syspath_prepend(str(HERE))  # the driver imports the plugin; the ranks get HERE
     trained, rollouts = {}, {}
+    segments_before = cpu_shm_segments()
     two_ranks = ("ppoflow.workers.backend=ray", "trainer.n_gpus_per_node=2")
     for name, ranks in (("ray", two_ranks),
                         ("ray-tp2", (*two_ranks, f"{TP}=2")),
@@ -128,6 +135,9 @@ def test_grpo_with_kl_on_two_ray_ranks_with_vllm_per_rank_or_spanning_both_ends_
         assert all(c["equal"] for c in checks), [c for c in checks if not c["equal"]]
         tp, executor = (2, "external_launcher") if name == "ray-tp2" else (1, "uni")
         assert {(c["tensor_parallel_size"], c["executor"]) for c in checks} == {(tp, executor)}
+        # the ranks closed their engines, and with them vLLM's CPU shared-memory segments
+        # (the spanning engine's; a leftover would stop the next such engine on this machine)
+        assert cpu_shm_segments() == segments_before, name
         trained[name] = checkpoint_weights(home / "checkpoints" / f"global_step_{STEPS}" / "actor")
         rollouts[name] = load_stage_artifact(store.artifact_path(STEPS, "rollout")).batch
 
