@@ -20,7 +20,9 @@
 # that fails is recorded in the report and the next one runs.
 #
 # Wheels. The CUDA image has python3 with torch, transformers, numpy, pytest, pyyaml, pyarrow,
-# safetensors, fsspec, … but not deepspeed, tensordict or pydantic. Fill bench/wheels on the CPU
+# safetensors, fsspec, … but not deepspeed, tensordict, pydantic, or the config loader's omegaconf,
+# hydra-core and antlr4 (the actor-worker test loads a YAML config); its transformers may be older
+# than the one CI tests, so the CPU environment's version travels too. Fill bench/wheels on the CPU
 # machine (network access, the project's .venv) with
 #
 #     bash bench/gpu_check.sh --fetch-wheels
@@ -30,19 +32,23 @@
 #     .venv/bin/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #         --platform manylinux2014_x86_64 -d bench/wheels tensordict==V pyvers==V hjson==V \
-#         pydantic==V pydantic-core==V annotated-types==V typing-inspection==V typing-extensions==V
-#     .venv/bin/python -m pip wheel --no-deps --no-build-isolation -w bench/wheels deepspeed==V
+#         pydantic==V pydantic-core==V annotated-types==V typing-inspection==V typing-extensions==V \
+#         omegaconf==V hydra-core==V transformers==V
+#     .venv/bin/python -m pip wheel --no-deps --no-build-isolation -w bench/wheels deepspeed==V \
+#         antlr4-python3-runtime==V
 #
-# (deepspeed is an sdist on PyPI: `pip wheel` builds its pure-Python wheel with .venv's torch; its
-# CUDA ops are JIT-compiled on the GPU machine.) About 6 MiB in all; the device tool carries at most
+# (deepspeed and antlr4-python3-runtime are sdists on PyPI: `pip wheel` builds their pure-Python
+# wheels, deepspeed's with .venv's torch; its CUDA ops are JIT-compiled on the GPU machine.) About
+# 20 MiB in all (transformers is 12 MiB of it); the device tool carries at most
 # 64 MiB. bench/wheels is git-ignored (.gitignore line: /bench/wheels/), so name it in the tool's
 # carry list. PPOFLOW_WHEEL_PYTHON (default 3.12) is the GPU python's version. vllm is far too large
 # to carry; its checks run only where the image already has it. PPOFLOW_WHEEL_DIR overrides the
 # wheel folder (both modes).
 set -u -o pipefail
 
-WHEEL_PACKAGES=(tensordict pyvers hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions)
-SDIST_PACKAGES=(deepspeed)
+WHEEL_PACKAGES=(tensordict pyvers hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions
+    omegaconf hydra-core transformers)
+SDIST_PACKAGES=(deepspeed antlr4-python3-runtime)
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 WHEEL_DIR=${PPOFLOW_WHEEL_DIR:-bench/wheels}
@@ -148,7 +154,7 @@ else
 fi
 "$PY" - >>"$REPORT" <<'EOF'
 import importlib.metadata as metadata
-names = ["deepspeed", "transformers", "tensordict", "pydantic", "vllm", "pytest"]
+names = ["deepspeed", "transformers", "tensordict", "pydantic", "omegaconf", "hydra-core", "vllm", "pytest"]
 def version(name):
     try:
         return metadata.version(name)
