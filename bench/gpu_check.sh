@@ -140,7 +140,11 @@ if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     echo "gpu_check: torch.cuda.is_available() is False" >&2
     exit 1
 fi
-TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))')}
+# DeepSpeed JIT-builds FusedAdam for TORCH_CUDA_ARCH_LIST. The device's own capability, always: the
+# CUDA image sets "9.0a", whose arch suffix DeepSpeed 0.19.8 cannot parse (int('0a') in
+# compute_capability_args: every DeepSpeed test failed on 2026-12-04 until this was set).
+# PPOFLOW_CUDA_ARCH overrides it.
+TORCH_CUDA_ARCH_LIST=${PPOFLOW_CUDA_ARCH:-$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))')}
 export TORCH_CUDA_ARCH_LIST
 
 step "wheels"

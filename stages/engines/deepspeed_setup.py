@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -329,8 +330,38 @@ def _make_optimizer(module: nn.Module, settings: EngineSettings) -> torch.optim.
     if torch.cuda.is_available():
         from deepspeed.ops.adam import FusedAdam
 
+        check_cuda_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))
         return FusedAdam(params, adam_w_mode=True, **kwargs)
     return torch.optim.AdamW(params, **kwargs)
+
+
+_DEEPSPEED_ARCH = re.compile(r"\d+\.\d+(\+PTX)?")
+
+
+def check_cuda_arch_list(arch_list: str) -> None:
+    """Refuse a ``TORCH_CUDA_ARCH_LIST`` that DeepSpeed's JIT op builder cannot read, before it
+    builds FusedAdam.
+
+    DeepSpeed reads each entry (split on spaces and ``;``) as ``major.minor`` integers with an
+    optional ``+PTX``: ``"9.0"``, ``"8.0;9.0+PTX"``. PyTorch's CUDA images set arch-specific
+    entries such as ``"9.0a"``, on which DeepSpeed 0.19 fails deep inside with
+    ``invalid literal for int() with base 10: '0a'`` (seen on an H200 image, 2026-12-04); a bare
+    ``"9"`` fails the same way.
+
+    >>> check_cuda_arch_list("8.0 9.0+PTX")
+    >>> check_cuda_arch_list("9.0a")
+    Traceback (most recent call last):
+    ...
+    ValueError: TORCH_CUDA_ARCH_LIST='9.0a': DeepSpeed cannot build FusedAdam for '9.0a'; set it to plain compute capabilities such as '9.0' (with an optional '+PTX'), or unset it to build for the visible GPUs
+    """
+    entries = [entry for entry in arch_list.replace(" ", ";").split(";") if entry]
+    unreadable = [entry for entry in entries if not _DEEPSPEED_ARCH.fullmatch(entry)]
+    if unreadable:
+        raise ValueError(
+            f"TORCH_CUDA_ARCH_LIST={arch_list!r}: DeepSpeed cannot build FusedAdam for "
+            f"{', '.join(map(repr, unreadable))}; set it to plain compute capabilities such as "
+            "'9.0' (with an optional '+PTX'), or unset it to build for the visible GPUs"
+        )
 
 
 def _device() -> torch.device:

@@ -180,3 +180,42 @@ def test_frozen_zero3_reference_with_param_offload_computes_the_same_logprobs(
         delta, _ = compute_log_prob(engine, batch, MicroBatching())
         logprobs.append(delta.batch["old_log_probs"])
     torch.testing.assert_close(logprobs[1], logprobs[0])
+
+
+ARCH_LISTS = [
+    "9.0",
+    "8.0 9.0+PTX",
+    "7.5;8.0+PTX",
+    " 8.6 ;9.0 ",
+    "9.0a",
+    "8.0;9.0a;10.0",
+    "9",
+    "10.0f",
+]
+
+
+@pytest.mark.parametrize("arch_list", ARCH_LISTS)
+def test_cuda_arch_check_accepts_what_deepspeeds_jit_builder_reads(arch_list, monkeypatch):
+    """The check refuses exactly the TORCH_CUDA_ARCH_LIST values on which DeepSpeed's own CUDA op
+    builder (the one FusedAdam's JIT build runs) fails; the refusal is one line naming the bad
+    entries."""
+    import importlib
+
+    from stages.engines.deepspeed_setup import check_cuda_arch_list
+
+    builder = importlib.import_module("deepspeed.ops.op_builder.fused_adam").FusedAdamBuilder()
+    builder.jit_mode = True
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)  # DeepSpeed rewrites it; restored after
+    try:
+        builder.compute_capability_args()
+        deepspeed_reads_it = True
+    except ValueError:
+        deepspeed_reads_it = False
+    if deepspeed_reads_it:
+        check_cuda_arch_list(arch_list)
+    else:
+        with pytest.raises(ValueError, match=r"TORCH_CUDA_ARCH_LIST=.*such as '9\.0'") as refused:
+            check_cuda_arch_list(arch_list)
+        message = str(refused.value)
+        assert "\n" not in message and "'10.0'" not in message and "'8.0'" not in message
+        assert ("9.0a" in message) or ("'9'" in message) or ("10.0f" in message)
