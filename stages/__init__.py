@@ -1,6 +1,6 @@
-"""ppoflow's stages; importing the package sets transformers to skip its scikit-learn import
-(stages/transformers_sklearn.py)."""
+"""ppoflow's stages; importing the package makes transformers skip its scikit-learn and SciPy
+imports and DeepSpeed its MLflow import (stages/skipped_imports.py)."""
 
-from stages.transformers_sklearn import install as _install_transformers_sklearn
+from stages.skipped_imports import install as _install_skipped_imports
 
-_install_transformers_sklearn()
+_install_skipped_imports()
