@@ -231,11 +231,30 @@ class MetricSinks:
 # --- opening ---------------------------------------------------------------------------------
 
 
+def start_sinks_ahead(cfg: Any, run_dir: str | None) -> dict[str, MetricSink]:
+    """The sinks ``cfg.trainer.logger`` lists whose registry entry ``opens_ahead``, built now
+    (their factories called), so that what they set up in the background comes up beside the
+    run's start-up phases; :func:`open_sinks` takes them over. Nothing is logged to them yet.
+    Close them with ``MetricSinks(started, run_dir).close("FAILED")`` if the run fails to open
+    before that."""
+    started: dict[str, MetricSink] = {}
+    try:
+        for name in cfg.trainer.logger:
+            spec = METRIC_SINKS.get(name)
+            if spec.opens_ahead and spec.factory is not None and name not in started:
+                started[name] = import_factory(name, spec.factory)(cfg, run_dir)
+    except BaseException:
+        MetricSinks(started, run_dir).close("FAILED")
+        raise
+    return started
+
+
 def open_sinks(
     cfg: Any,
     run_dir: str | None,
     tags: Mapping[str, str] | None = None,
     resumed: ResumedRun | None = None,
+    started: Mapping[str, MetricSink] | None = None,
 ) -> MetricSinks:
     """The sinks ``cfg.trainer.logger`` lists (those with a factory), started
     (:meth:`MetricSinks.open`: the resumed run, the tags, the config).
@@ -245,13 +264,16 @@ def open_sinks(
         run_dir: the local run directory, None when the run store is remote.
         tags: the run's tags (flows/run_identity.py ``run_tags``); None = none.
         resumed: the checkpoint a resumed training continues from; None for a fresh run.
+        started: sinks already built by :func:`start_sinks_ahead`, taken over (closed here
+            too if opening fails).
     """
-    sinks: dict[str, MetricSink] = {}
+    sinks: dict[str, MetricSink] = dict(started or {})
     try:
         for name in cfg.trainer.logger:
             factory = METRIC_SINKS.get(name).factory
             if factory is not None and name not in sinks:
                 sinks[name] = import_factory(name, factory)(cfg, run_dir)
+        sinks = {name: sinks[name] for name in cfg.trainer.logger if name in sinks}
         opened = MetricSinks(sinks, run_dir)
         opened.open(cfg, tags or {}, resumed)
     except BaseException:
@@ -277,17 +299,17 @@ def import_factory(name: str, path: str) -> Callable[[Any, str | None], MetricSi
 
 def open_mlflow_sink(cfg: Any, run_dir: str | None) -> MetricSink:
     """``mlflow``: a deferred :class:`~flows.mlflow_logger.MLflowLogger` (experiment =
-    project_name, run = experiment_name) in the store of
+    project_name, run = experiment_name) in a process of its own
+    (:class:`flows.mlflow_process.MLflowProcessSink`), in the store of
     :func:`flows.mlflow_store.select_tracking_uri`: ``ppoflow.mlflow_tracking_uri``, else
     ``MLFLOW_TRACKING_URI``, else the project store ``<ppoflow.artifact_dir>/mlflow.db``. Its
     run is created (or continued, :meth:`MetricSinks.open`) at the first call."""
-    from flows.mlflow_logger import MLflowLogger
+    from flows.mlflow_process import MLflowProcessSink
     from flows.mlflow_store import select_tracking_uri
 
-    return MLflowLogger(
+    return MLflowProcessSink.start(
         cfg.trainer.project_name,
         cfg.trainer.experiment_name,
         run_dir=run_dir,
         tracking_uri=select_tracking_uri(cfg.ppoflow.mlflow_tracking_uri, cfg.ppoflow.artifact_dir),
-        deferred=True,
     )

@@ -73,7 +73,7 @@ from mlflow.utils.validation import (
     MAX_TAG_VAL_LENGTH,
 )
 
-from flows.cache_keys import jsonable
+from flows.jsonable import jsonable
 from flows.mlflow_store import artifact_location, creation_lock, default_tracking_uri
 from flows.plots import PlotReport, preload_renderer, write_run_plots
 from flows.run_description import NOTE_TAG, describe, description_markdown

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
-from flows.run_identity import FLOW_METRICS
+from flows.flow_metrics import FLOW_METRICS
 from stages.metrics.catalog import MetricDoc, find_metric_doc
 
 NOTE_TAG = "mlflow.note.content"
@@ -36,7 +36,7 @@ HEADER_TAGS = (
 
 def metric_doc(name: str) -> MetricDoc | None:
     """The description of ``name``: the catalog's entry, else the train flow's own
-    (flows/run_identity.py ``FLOW_METRICS``), else None.
+    (flows/flow_metrics.py ``FLOW_METRICS``), else None.
 
     >>> metric_doc("ppoflow/cache_hits").denominator, metric_doc("actor/nope")
     ("none (a count of the step's stages)", None)

@@ -30,25 +30,13 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flows.cache_keys import jsonable
+from flows.flow_metrics import CACHE_HITS, FLOW_METRICS
+from flows.jsonable import jsonable
 from flows.run_store import RUN_INFO_REQUIRED, RunStore, StageRecord
 from flows.version import ppoflow_version, source_commit
-from stages.metrics.catalog import MetricDoc
 
 log = logging.getLogger(__name__)
 
-CACHE_HITS = "ppoflow/cache_hits"
-#: what the train flow's own metrics measure, beside stages/metrics/catalog.py's (which documents
-#: the stages' metrics and generates docs/metrics.md): looked up by flows/run_description.py
-FLOW_METRICS = {
-    CACHE_HITS: MetricDoc(
-        CACHE_HITS,
-        "Stages of the step whose output was taken from the cache (a stored artifact with the same "
-        "cache key) instead of computed; weight updates always compute.",
-        "none (a count of the step's stages)",
-        "train flow",
-    ),
-}
 #: the keys of run_info.json that other commands (``ppoflow runs``) read; always present
 RUN_INFO_KEYS = RUN_INFO_REQUIRED
 

@@ -38,8 +38,8 @@ import fsspec
 from dataproto.artifact import Verify
 from dataproto.artifact_store import MANIFEST
 from dataproto.report import describe_artifact
-from flows.cache_keys import jsonable
 from flows.derived_keys import from_step_input
+from flows.jsonable import jsonable
 from flows.retention import RetentionPolicy, pruned_error
 from flows.run_store import CONFIG_FILE, RERUN_FILE, RunStore, StageRecord, StepJournal
 

@@ -45,7 +45,7 @@ from fsspec.implementations.local import LocalFileSystem
 from dataproto.artifact import ArtifactRef, save_artifact
 from dataproto.artifact_store import naming_failed_writes
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest
-from flows.cache_keys import jsonable
+from flows.jsonable import jsonable
 
 Status = Literal["ran", "cached", "skipped"]
 STATUSES = ("ran", "cached", "skipped")

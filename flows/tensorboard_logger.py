@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from flows.cache_keys import jsonable
+from flows.jsonable import jsonable
 from flows.metric_sinks import SinkDefaults
 
 #: the sub-directory of the run directory that holds the event files

@@ -80,7 +80,7 @@ from flows.code_fingerprint import code_change_notice, run_code
 from flows.device import apply_device
 from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
 from flows.generations_dump import dump_rollout, dump_validation
-from flows.metric_sinks import MetricSinks, ResumedRun, open_sinks
+from flows.metric_sinks import MetricSinks, ResumedRun, open_sinks, start_sinks_ahead
 from flows.prefect_server import describe_prefect
 from flows.progress import SCORE, Progress
 from flows.publisher import Publisher
@@ -212,11 +212,25 @@ def open_run(cfg: PPORunConfig, run_dir: str | None, startup: Startup | None = N
 
 
 def _open_locked(cfg: PPORunConfig, store: RunStore, startup: Startup) -> TrainRun:
-    """:func:`open_run` once the run directory is this process's to write. ``config.json`` is
-    written after the tokenizer, the datasets, the engines and the resumed checkpoint were read,
-    so a start refused on bad input leaves a finished run's config as it was."""
+    """:func:`open_run` once the run directory is this process's to write. The sinks that open
+    ahead (MLflow's process) start first and come up beside the other phases.
+    ``config.json`` is written after the tokenizer, the datasets, the engines and the resumed
+    checkpoint were read, so a start refused on bad input leaves a finished run's config as it
+    was."""
     for path in store.remove_temp_files():
         startup.say(f"removed {path}, left by an interrupted write")
+    sink_dir = store.root if store.is_local else None
+    started = start_sinks_ahead(cfg, sink_dir)
+    try:
+        return _open_started(cfg, store, startup, started)
+    except BaseException:
+        MetricSinks(started, sink_dir).close("FAILED")  # closing twice is a no-op
+        raise
+
+
+def _open_started(
+    cfg: PPORunConfig, store: RunStore, startup: Startup, started: dict[str, Any]
+) -> TrainRun:
     model = cfg.actor_rollout_ref.model
     with startup.phase("model", f"reading the tokenizer of {model.tokenizer_path}") as shown:
         tokenizer = load_tokenizer(model.tokenizer_path)
@@ -240,7 +254,10 @@ def _open_locked(cfg: PPORunConfig, store: RunStore, startup: Startup) -> TrainR
         tags = run_tags(cfg, store.root, resumed_step)
         sinks_phase = "MLflow" if "mlflow" in cfg.trainer.logger else "metrics"
         with startup.phase(sinks_phase, "opening the metric sinks") as shown:
-            run.sinks = open_sinks(cfg, store.root if store.is_local else None, tags, run.resumed)
+            run.sinks = open_sinks(
+                cfg, store.root if store.is_local else None, tags, run.resumed, started
+            )
+            started.clear()  # open_sinks owns them now
             record_run_info(run)
             shown["text"] = describe_sinks(run.sinks, cfg.trainer.project_name)
     except BaseException:

@@ -28,7 +28,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from flows.cache_keys import jsonable
+from flows.jsonable import jsonable
 from flows.metric_sinks import SinkDefaults
 
 #: what ``wandb.init`` is given for ``settings`` (see the module docstring)

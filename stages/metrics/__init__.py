@@ -3,77 +3,63 @@
 Pure functions over DataProto batches and plain values; nothing here logs. The flow sends the
 returned floats to MLflow once per step (names through :func:`sanitize_metric_name`).
 verl's names are kept, including its ``compute_throughout_metrics`` spelling.
+
+The names below are loaded from their submodule on first use (PEP 562), so a process that
+needs only the catalog and the names (flows/mlflow_process.py) does not import torch.
 """
 
-from stages.metrics.catalog import (
-    METRICS,
-    MetricDoc,
-    describe_metric,
-    find_metric_doc,
-    markdown_table,
-)
-from stages.metrics.data import (
-    IS_PAD,
-    TOOL_CALL_COUNTS,
-    compute_data_metrics,
-    explained_variance,
-    kept_rows,
-    masked_stats,
-    response_lengths,
-    to_floats,
-)
-from stages.metrics.metric import AggregationType, Metric, reduce_metrics, to_scalar
-from stages.metrics.naming import (
-    escape_markdown_table,
-    renamed_metrics,
-    restore_metric_name,
-    sanitize_metric_name,
-    sanitize_metrics,
-)
-from stages.metrics.timing import (
-    compute_throughout_metrics,
-    compute_throughput_metrics,
-    compute_timing_metrics,
-    timed,
-)
-from stages.metrics.validation import (
-    bootstrap_metric,
-    calc_maj_val,
-    process_validation_metrics,
-    resample_sizes,
-    split_val_core_aux,
-)
+from __future__ import annotations
 
-__all__ = [
-    "IS_PAD",
-    "METRICS",
-    "TOOL_CALL_COUNTS",
-    "AggregationType",
-    "Metric",
-    "MetricDoc",
-    "bootstrap_metric",
-    "calc_maj_val",
-    "compute_data_metrics",
-    "compute_throughout_metrics",
-    "compute_throughput_metrics",
-    "compute_timing_metrics",
-    "describe_metric",
-    "escape_markdown_table",
-    "explained_variance",
-    "find_metric_doc",
-    "kept_rows",
-    "markdown_table",
-    "masked_stats",
-    "process_validation_metrics",
-    "reduce_metrics",
-    "renamed_metrics",
-    "resample_sizes",
-    "response_lengths",
-    "restore_metric_name",
-    "sanitize_metric_name",
-    "sanitize_metrics",
-    "split_val_core_aux",
-    "timed",
-    "to_floats",
-    "to_scalar",
-]
+import importlib
+from typing import Any
+
+#: exported name → the submodule of this package that defines it
+_EXPORTS = {
+    "IS_PAD": "data",
+    "METRICS": "catalog",
+    "TOOL_CALL_COUNTS": "data",
+    "AggregationType": "metric",
+    "Metric": "metric",
+    "MetricDoc": "catalog",
+    "bootstrap_metric": "validation",
+    "calc_maj_val": "validation",
+    "compute_data_metrics": "data",
+    "compute_throughout_metrics": "timing",
+    "compute_throughput_metrics": "timing",
+    "compute_timing_metrics": "timing",
+    "describe_metric": "catalog",
+    "escape_markdown_table": "naming",
+    "explained_variance": "data",
+    "find_metric_doc": "catalog",
+    "kept_rows": "data",
+    "markdown_table": "catalog",
+    "masked_stats": "data",
+    "process_validation_metrics": "validation",
+    "reduce_metrics": "metric",
+    "renamed_metrics": "naming",
+    "resample_sizes": "validation",
+    "response_lengths": "data",
+    "restore_metric_name": "naming",
+    "sanitize_metric_name": "naming",
+    "sanitize_metrics": "naming",
+    "split_val_core_aux": "validation",
+    "timed": "timing",
+    "to_floats": "data",
+    "to_scalar": "metric",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """The exported ``name``, imported from its submodule the first time it is asked for."""
+    submodule = _EXPORTS.get(name)
+    if submodule is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{submodule}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -5,7 +5,8 @@ and which pip extra installs that package, and whether it is the console progres
 config check and the training flow ask the entry instead of comparing names:
 
 * ``console``: the progress bar or one line per step (``shows_progress``); needs nothing.
-* ``mlflow``: an MLflow run (params, metrics, artifacts, plots); MLflow is a dependency.
+* ``mlflow``: an MLflow run (params, metrics, artifacts, plots), logged from a process of its own
+  that starts with the run (``opens_ahead``); MLflow is a dependency.
 * ``wandb``: a W&B run, offline unless asked (``flows.wandb_logger``); package ``wandb``,
   extra ``wandb``.
 * ``tensorboard``: event files in ``<run dir>/tensorboard`` (``flows.tensorboard_logger``);
@@ -50,17 +51,24 @@ class MetricSinkSpec:
         extra: the ppoflow extra that installs ``package`` (``pip install 'ppoflow[extra]'``);
             None = install ``package`` itself (a plugin's dependency).
         shows_progress: listing it turns on the console progress display.
+        opens_ahead: the factory is called when the run starts opening, before the model is
+            read, instead of in the sinks phase, so that what the sink sets up in the
+            background (MLflow's process, flows/mlflow_process.py) comes up beside the other
+            start-up phases; nothing is sent to it before the sinks phase.
     """
 
     factory: str | None
     package: str | None = None
     extra: str | None = None
     shows_progress: bool = False
+    opens_ahead: bool = False
 
 
 METRIC_SINKS: Registry[MetricSinkSpec] = Registry("metric sink")
 METRIC_SINKS.add("console", MetricSinkSpec(factory=None, shows_progress=True))
-METRIC_SINKS.add("mlflow", MetricSinkSpec(factory="flows.metric_sinks:open_mlflow_sink"))
+METRIC_SINKS.add(
+    "mlflow", MetricSinkSpec(factory="flows.metric_sinks:open_mlflow_sink", opens_ahead=True)
+)
 METRIC_SINKS.add(
     "wandb",
     MetricSinkSpec(factory="flows.wandb_logger:open_wandb_sink", package="wandb", extra="wandb"),

@@ -88,7 +88,11 @@ def test_the_training_sink_logs_to_the_project_store(tmp_path, monkeypatch):
         sink.close()
     keyed = load_config(None, [f"ppoflow.mlflow_tracking_uri=sqlite:///{tmp_path}/k.db"])
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/env.db")
-    assert open_mlflow_sink(keyed, None).tracking_uri == f"sqlite:///{tmp_path}/k.db"
+    keyed_sink = open_mlflow_sink(keyed, None)
+    try:
+        assert keyed_sink.tracking_uri == f"sqlite:///{tmp_path}/k.db"
+    finally:
+        keyed_sink.close()
 
 
 WRITER = textwrap.dedent(

@@ -24,9 +24,9 @@ Points (``<stage>`` is a stage name of flows/step_flow.py, e.g. ``rollout``, ``u
 ``checkpoint.manifest``    the step's manifest is written (``write_step_manifest``)
 ``checkpoint.tracker``     ``latest_checkpointed_iteration.txt`` is written (``write_latest_step``)
 ``checkpoint.saved``       ``save_run_checkpoint`` returned (old steps pruned)
-``publish.start``          the publishing thread enters ``MLflowLogger.log_metrics`` (the step's
-                           metrics are not sent yet)
-``publish.sent``           the publishing thread's ``MLflowLogger.log_metrics`` returned (the
+``publish.start``          the publishing thread enters ``MLflowProcessSink.log_metrics`` (the
+                           step's metrics are not sent to the MLflow process yet)
+``publish.sent``           the publishing thread's ``MLflowProcessSink.log_metrics`` returned (the
                            step's metrics are in the store, its Prefect report is not)
 =========================  ===================================================================
 
@@ -193,10 +193,10 @@ def _on_publisher_thread(phase: str) -> Callable[..., tuple[str, str] | None]:
     return point_of
 
 
-def _patch_mlflow_logger(module: Any) -> None:
-    log_metrics = module.MLflowLogger.log_metrics
+def _patch_mlflow_sink(module: Any) -> None:
+    log_metrics = module.MLflowProcessSink.log_metrics
     log_metrics = _before(log_metrics, _on_publisher_thread("start"))
-    module.MLflowLogger.log_metrics = _after(log_metrics, _on_publisher_thread("sent"))
+    module.MLflowProcessSink.log_metrics = _after(log_metrics, _on_publisher_thread("sent"))
 
 
 def _patch_publisher(module: Any) -> None:
@@ -215,7 +215,7 @@ PATCHES: dict[str, Callable[[Any], None]] = {
     "dataproto.artifact_store": _patch_artifact_store,
     "stages.engines.checkpoint": _patch_engine_checkpoint,
     "flows.checkpoints": _patch_checkpoints,
-    "flows.mlflow_logger": _patch_mlflow_logger,
+    "flows.mlflow_process": _patch_mlflow_sink,
     "flows.publisher": _patch_publisher,
 }
 
