@@ -1,9 +1,9 @@
 """The ``ppoflow`` executable: start what the command will wait for, then run the command line.
 
-A training command (``train``, ``resume``) launches Prefect's temporary server before the
-command line's modules import torch, transformers and Prefect (flows/prefect_server.py), so the
-server comes up beside those imports instead of after them. Every other command goes straight to
-the command line (flows/cli.py).
+A training command (``train``, ``resume``) launches Prefect's temporary server
+(flows/prefect_server.py) and the MLflow process (flows/mlflow_process.py) before the command
+line's modules import torch, transformers and Prefect, so they come up beside those imports
+instead of after them. Every other command goes straight to the command line (flows/cli.py).
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ def main() -> None:
     by their reference counts.
     """
     atexit.register(gc.freeze)
-    from flows.prefect_server import start_ahead_for
+    from flows.mlflow_process import start_ahead as start_mlflow_ahead
+    from flows.prefect_server import is_flow_command, start_ahead_for
 
     start_ahead_for(sys.argv[1:])
+    if is_flow_command(sys.argv[1:]):
+        start_mlflow_ahead()
     from flows.cli import app
 
     app()

@@ -303,13 +303,17 @@ def open_mlflow_sink(cfg: Any, run_dir: str | None) -> MetricSink:
     (:class:`flows.mlflow_process.MLflowProcessSink`), in the store of
     :func:`flows.mlflow_store.select_tracking_uri`: ``ppoflow.mlflow_tracking_uri``, else
     ``MLFLOW_TRACKING_URI``, else the project store ``<ppoflow.artifact_dir>/mlflow.db``. Its
-    run is created (or continued, :meth:`MetricSinks.open`) at the first call."""
+    run is created (or continued, :meth:`MetricSinks.open`) at the first call. The process
+    writes MLflow's own output to the run's log file when the start-up captures the libraries'
+    output (flows/startup.py)."""
     from flows.mlflow_process import MLflowProcessSink
     from flows.mlflow_store import select_tracking_uri
+    from flows.startup import current_startup
 
     return MLflowProcessSink.start(
         cfg.trainer.project_name,
         cfg.trainer.experiment_name,
         run_dir=run_dir,
         tracking_uri=select_tracking_uri(cfg.ppoflow.mlflow_tracking_uri, cfg.ppoflow.artifact_dir),
+        output=current_startup().log_file,  # the run's log while the run starts, if captured
     )

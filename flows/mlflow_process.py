@@ -36,6 +36,7 @@ metrics it misses go to ``mlflow_pending.jsonl``, flows/metric_sinks.py).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import pickle
@@ -44,13 +45,12 @@ import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
-
-from flows.jsonable import jsonable
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,10 @@ SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
 EXIT_WAIT_S = 10.0
 #: the loggers whose records the process hands back (the logger, the plots, the store)
 RELAYED_LOGGER = "flows"
+#: how much lower the priority of the process's start (MLflow's imports, its store) is where
+#: Linux's idle scheduling class is not available: it then takes the CPU the training process's
+#: own start leaves idle instead of sharing it
+NICENESS = 10
 
 
 class MLflowProcessError(RuntimeError):
@@ -108,31 +112,16 @@ class MLflowProcessSink:
         *,
         run_dir: str | os.PathLike | None,
         tracking_uri: str | None,
+        output: str | None = None,
     ) -> MLflowProcessSink:
-        """Launch the process and hand it the logger's settings; returns at once."""
-        request_read, request_write = os.pipe()
-        reply_read, reply_write = os.pipe()
-        path = os.environ.get("PYTHONPATH")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SOURCE_ROOT, path]))}
-        code = f"from flows.mlflow_process import serve; serve({request_read}, {reply_write})"
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-c", code], pass_fds=(request_read, reply_write), env=env
-            )
-        except BaseException:
-            for fd in (request_read, request_write, reply_read, reply_write):
-                os.close(fd)
-            raise
-        os.close(request_read)
-        os.close(reply_write)
-        sink = cls(
-            process,
-            Connection(request_write, readable=False),
-            Connection(reply_read, writable=False),
-            tracking_uri,
-        )
+        """Hand the logger's settings to the process :func:`start_ahead` started (else to a new
+        one); returns at once. ``output``: a file the process sends its stdout and stderr to
+        (MLflow's and alembic's lines; the run's log while the run starts), None = leave them."""
+        process = _ahead.pop() if _ahead else _Process.launch()
+        sink = cls(process.popen, process.requests, process.replies, tracking_uri)
+        run_path = None if run_dir is None else str(run_dir)
         settings = {"project": project, "experiment": experiment, "tracking_uri": tracking_uri}
-        sink._requests.send({**settings, "run_dir": None if run_dir is None else str(run_dir)})
+        sink._requests.send({"logger": {**settings, "run_dir": run_path}, "output": output})
         return sink
 
     @property
@@ -148,6 +137,8 @@ class MLflowProcessSink:
         self._call("set_tags", dict(tags))
 
     def log_params(self, config: Any) -> None:
+        from flows.jsonable import jsonable
+
         self._call("log_params", jsonable(config, "config"))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -172,13 +163,7 @@ class MLflowProcessSink:
                 self._call("close", status)
         finally:
             self._closed = True
-            self._requests.close()
-            self._replies.close()
-            try:
-                self._process.wait(timeout=EXIT_WAIT_S)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            _Process(self._process, self._requests, self._replies).end()
 
     # --- requests ---
 
@@ -238,6 +223,67 @@ class MLflowProcessSink:
             f"the MLflow process (pid {self._process.pid}) {how} before answering {method}; its "
             "output is in the run's log (ppoflow.log) or on stderr"
         )
+
+
+@dataclass
+class _Process:
+    """A launched MLflow process and this side's ends of its pipes."""
+
+    popen: subprocess.Popen
+    requests: Connection
+    replies: Connection
+
+    @classmethod
+    def launch(cls) -> _Process:
+        """``python -c "…serve(R, W)"`` with this process's ``flows`` first on its path."""
+        request_read, request_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SOURCE_ROOT, path]))}
+        code = f"from flows.mlflow_process import serve; serve({request_read}, {reply_write})"
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-c", code], pass_fds=(request_read, reply_write), env=env
+            )
+        except BaseException:
+            for fd in (request_read, request_write, reply_read, reply_write):
+                os.close(fd)
+            raise
+        os.close(request_read)
+        os.close(reply_write)
+        requests = Connection(request_write, readable=False)
+        return cls(popen, requests, Connection(reply_read, writable=False))
+
+    def end(self) -> None:
+        """Close the pipes (the process ends on their end) and reap it."""
+        self.requests.close()
+        self.replies.close()
+        try:
+            self.popen.wait(timeout=EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
+#: the process :func:`start_ahead` launched, until a sink takes it
+_ahead: list[_Process] = []
+
+
+def start_ahead() -> None:
+    """Launch the MLflow process now, before this process imports anything heavy: it imports
+    MLflow meanwhile, at a lower priority (:data:`NICENESS`), and the run's ``mlflow`` sink takes
+    it over (:meth:`MLflowProcessSink.start`). One nobody takes (the run logs no MLflow, or
+    fails before its sinks) ends at exit. The ``ppoflow`` executable calls this for a training
+    command (flows/entry.py)."""
+    if _ahead:
+        return
+    _ahead.append(_Process.launch())
+    atexit.register(_end_untaken)
+
+
+def _end_untaken() -> None:
+    while _ahead:
+        _ahead.pop().end()
 
 
 def _error_from(reply: Reply) -> BaseException:
@@ -316,9 +362,10 @@ def builds_ahead(settings: Mapping[str, Any], environ: Mapping[str, str] = os.en
 
 
 def serve(request_fd: int, reply_fd: int) -> None:
-    """The process's main: import MLflow and build the logger (:func:`builds_ahead`; else at
-    the first request), answer the start, then answer each request ``(method, args)`` with
-    the logger's ``method(*args)`` until ``close`` or the pipe's end."""
+    """The process's main: import MLflow (at :data:`NICENESS`), take the settings, send stdout
+    and stderr to their ``output``, build the logger (:func:`builds_ahead`; else at the first
+    request), answer the start, then answer each request ``(method, args)`` with the logger's
+    ``method(*args)`` until ``close`` or the pipe's end."""
     for stop in (signal.SIGINT, signal.SIGTERM):  # the training process closes this one
         signal.signal(stop, signal.SIG_IGN)
     requests = Connection(request_fd, writable=False)
@@ -328,20 +375,20 @@ def serve(request_fd: int, reply_fd: int) -> None:
     relayed.setLevel(logging.INFO)
     relayed.propagate = False
     relayed.addHandler(records)
+    imported = _run_niced(_import_logger)
     try:
         settings = requests.recv()
     except EOFError:
         return
-    logger = None
-    try:
-        from flows.mlflow_logger import MLflowLogger
-
-        if builds_ahead(settings):
-            logger = MLflowLogger(**settings, deferred=True)
-    except Exception as err:
-        replies.send(_reply(logger, records, error=err))
+    if settings["output"] is not None:
+        _send_output_to(settings["output"])
+    logger, error = None, imported.error
+    if error is None:
+        built = _run_niced(lambda: _build_ahead(imported.value, settings["logger"]))
+        logger, error = built.value, built.error
+    replies.send(_reply(logger, records, error=error))
+    if error is not None:
         return
-    replies.send(_reply(logger, records))
     while True:
         try:
             method, args = requests.recv()
@@ -351,7 +398,7 @@ def serve(request_fd: int, reply_fd: int) -> None:
             if logger is None and method == "close":  # nothing was logged: no store needed
                 result = None
             else:
-                logger = logger or MLflowLogger(**settings, deferred=True)
+                logger = logger or imported.value(**settings["logger"], deferred=True)
                 result = getattr(logger, method)(*args)
             reply = _reply(logger, records, result=result)
         except Exception as err:
@@ -359,6 +406,66 @@ def serve(request_fd: int, reply_fd: int) -> None:
         replies.send(reply)
         if method == "close":
             _exit_now()
+
+
+@dataclass
+class _Outcome:
+    value: Any = None
+    error: Exception | None = None
+
+
+def _run_niced(work: Callable[[], Any]) -> _Outcome:
+    """``work()`` on a thread that runs only on CPU nobody else wants (Linux's ``SCHED_IDLE``;
+    elsewhere :data:`NICENESS` lower, or the process's priority), so that the training process's
+    start-up, which needs every core, goes first; the calls answered later run at normal
+    priority on the main thread."""
+    outcome = _Outcome()
+
+    def run() -> None:
+        _lower_this_threads_priority()
+        try:
+            outcome.value = work()
+        except Exception as err:
+            outcome.error = err
+
+    thread = threading.Thread(target=run, name="ppoflow-mlflow-start")
+    thread.start()
+    thread.join()
+    return outcome
+
+
+def _lower_this_threads_priority() -> None:
+    tid = threading.get_native_id()
+    with suppress(OSError, AttributeError):  # Linux: a thread has its own policy
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        return
+    with suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + NICENESS)
+
+
+def _import_logger() -> type:
+    from flows.mlflow_logger import MLflowLogger
+
+    with suppress(ImportError):  # what building a SQLite store's client imports
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    return MLflowLogger
+
+
+def _build_ahead(logger_class: type, settings: Mapping[str, Any]) -> Any:
+    """The logger, warmed up (``MLflowLogger.warm_up``), when :func:`builds_ahead`; else None."""
+    if not builds_ahead(settings):
+        return None
+    logger = logger_class(**settings, deferred=True)
+    logger.warm_up()
+    return logger
+
+
+def _send_output_to(path: str) -> None:
+    """Point file descriptors 1 and 2 at ``path`` (appended to)."""
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for fd in (1, 2):
+        os.dup2(target, fd)
+    os.close(target)
 
 
 def _exit_now() -> None:

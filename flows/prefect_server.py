@@ -263,12 +263,18 @@ def start_ahead() -> TemporaryServer | None:
 FLOW_COMMANDS = ("train", "resume")
 
 
+def is_flow_command(args: list[str]) -> bool:
+    """Whether the command line ``args`` run one of :data:`FLOW_COMMANDS` (not its ``--help``).
+
+    >>> is_flow_command(["train", "configs/demo-cpu.yaml"]), is_flow_command(["train", "--help"])
+    (True, False)
+    """
+    return bool(args) and args[0] in FLOW_COMMANDS and not {"--help", "-h"} & set(args)
+
+
 def start_ahead_for(args: list[str]) -> TemporaryServer | None:
-    """:func:`start_ahead` when the command line ``args`` run one of :data:`FLOW_COMMANDS`
-    (not its ``--help``)."""
-    if not args or args[0] not in FLOW_COMMANDS or {"--help", "-h"} & set(args):
-        return None
-    return start_ahead()
+    """:func:`start_ahead` when the command line ``args`` run a flow (:func:`is_flow_command`)."""
+    return start_ahead() if is_flow_command(args) else None
 
 
 def started_ahead() -> TemporaryServer | None:
@@ -320,6 +326,7 @@ __all__ = [
     "TemporaryServer",
     "can_start_ahead",
     "describe_prefect",
+    "is_flow_command",
     "is_own_server",
     "own_server_settings",
     "start_ahead",

@@ -162,3 +162,16 @@ def test_transient_errors_and_default_uri(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(ValueError, match="needs run_dir, tracking_uri or MLFLOW_TRACKING_URI"):
         MLflowLogger("proj", "exp")
+
+
+def test_warm_up_reads_only_and_leaves_an_outage_to_the_first_call(
+    tmp_path, store_uri, monkeypatch
+):
+    logger = MLflowLogger("proj", "warm", run_dir=tmp_path, tracking_uri=store_uri, deferred=True)
+    logger.warm_up()
+    assert logger.run_id is None and logger.pending == 0  # no run created, nothing queued
+    logger.close()
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+    down = f"http://127.0.0.1:{closed_port()}"
+    MLflowLogger("proj", "warm", run_dir=tmp_path, tracking_uri=down, deferred=True).warm_up()

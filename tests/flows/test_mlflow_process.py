@@ -171,3 +171,39 @@ def test_the_calling_process_never_imports_mlflow(tmp_path, store_uri):
         check=True,
     )
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_process_started_ahead_is_taken_over_and_an_untaken_one_ends_at_exit(tmp_path):
+    probe = textwrap.dedent(
+        """
+        import sys
+        from flows import mlflow_process as mp
+        mp.start_ahead()
+        ahead = mp._ahead[0].popen.pid
+        sink = mp.MLflowProcessSink.start(
+            "proj", "ahead", run_dir=sys.argv[1], tracking_uri=sys.argv[2], output=sys.argv[3]
+        )
+        sink.log_metrics({"a": 1.0}, 1)
+        sink.close("FINISHED")
+        print("taken", sink.pid == ahead, sink._process.returncode)
+        mp.start_ahead()  # nobody takes this one
+        print("untaken", mp._ahead[0].popen.pid)
+        """
+    )
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"  # a new store: created at the first call
+    (tmp_path / "fresh").mkdir()
+    output = tmp_path / "ppoflow.log"
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path), uri, str(output)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    taken, untaken = done.stdout.strip().splitlines()[-2:]
+    assert taken == "taken True 0"
+    pid = int(untaken.split()[1])
+    with pytest.raises(ProcessLookupError):  # ended (and reaped) when the probe exited
+        os.kill(pid, 0)
+    assert "Creating initial MLflow database tables" in output.read_text()  # not on stderr
+    assert "Creating initial MLflow database tables" not in done.stderr
