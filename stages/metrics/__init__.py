@@ -10,56 +10,42 @@ needs only the catalog and the names (flows/mlflow_process.py) does not import t
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from stages.lazy_exports import lazy_exports
 
-#: exported name → the submodule of this package that defines it
+#: exported name → the module that defines it
 _EXPORTS = {
-    "IS_PAD": "data",
-    "METRICS": "catalog",
-    "TOOL_CALL_COUNTS": "data",
-    "AggregationType": "metric",
-    "Metric": "metric",
-    "MetricDoc": "catalog",
-    "bootstrap_metric": "validation",
-    "calc_maj_val": "validation",
-    "compute_data_metrics": "data",
-    "compute_throughout_metrics": "timing",
-    "compute_throughput_metrics": "timing",
-    "compute_timing_metrics": "timing",
-    "describe_metric": "catalog",
-    "escape_markdown_table": "naming",
-    "explained_variance": "data",
-    "find_metric_doc": "catalog",
-    "kept_rows": "data",
-    "markdown_table": "catalog",
-    "masked_stats": "data",
-    "process_validation_metrics": "validation",
-    "reduce_metrics": "metric",
-    "renamed_metrics": "naming",
-    "resample_sizes": "validation",
-    "response_lengths": "data",
-    "restore_metric_name": "naming",
-    "sanitize_metric_name": "naming",
-    "sanitize_metrics": "naming",
-    "split_val_core_aux": "validation",
-    "timed": "timing",
-    "to_floats": "data",
-    "to_scalar": "metric",
+    "IS_PAD": "stages.metrics.data",
+    "METRICS": "stages.metrics.catalog",
+    "TOOL_CALL_COUNTS": "stages.metrics.data",
+    "AggregationType": "stages.metrics.metric",
+    "Metric": "stages.metrics.metric",
+    "MetricDoc": "stages.metrics.catalog",
+    "bootstrap_metric": "stages.metrics.validation",
+    "calc_maj_val": "stages.metrics.validation",
+    "compute_data_metrics": "stages.metrics.data",
+    "compute_throughout_metrics": "stages.metrics.timing",
+    "compute_throughput_metrics": "stages.metrics.timing",
+    "compute_timing_metrics": "stages.metrics.timing",
+    "describe_metric": "stages.metrics.catalog",
+    "escape_markdown_table": "stages.metrics.naming",
+    "explained_variance": "stages.metrics.data",
+    "find_metric_doc": "stages.metrics.catalog",
+    "kept_rows": "stages.metrics.data",
+    "markdown_table": "stages.metrics.catalog",
+    "masked_stats": "stages.metrics.data",
+    "process_validation_metrics": "stages.metrics.validation",
+    "reduce_metrics": "stages.metrics.metric",
+    "renamed_metrics": "stages.metrics.naming",
+    "resample_sizes": "stages.metrics.validation",
+    "response_lengths": "stages.metrics.data",
+    "restore_metric_name": "stages.metrics.naming",
+    "sanitize_metric_name": "stages.metrics.naming",
+    "sanitize_metrics": "stages.metrics.naming",
+    "split_val_core_aux": "stages.metrics.validation",
+    "timed": "stages.metrics.timing",
+    "to_floats": "stages.metrics.data",
+    "to_scalar": "stages.metrics.metric",
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    """The exported ``name``, imported from its submodule the first time it is asked for."""
-    submodule = _EXPORTS.get(name)
-    if submodule is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{submodule}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

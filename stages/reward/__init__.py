@@ -7,8 +7,7 @@ Names are imported on first use (PEP 562), so a scorer worker process that impor
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from stages.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "assemble_rm_scores": "stages.reward.placement",
@@ -40,7 +39,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'stages.reward' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
