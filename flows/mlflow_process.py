@@ -90,14 +90,8 @@ class MLflowProcessSink:
     the run name, ``run_dir``, ``tracking_uri``); the logger is deferred.
     """
 
-    def __init__(
-        self,
-        process: subprocess.Popen,
-        requests: Connection,
-        replies: Connection,
-        tracking_uri: str | None,
-    ) -> None:
-        self._process, self._requests, self._replies = process, requests, replies
+    def __init__(self, child: _Process, tracking_uri: str | None) -> None:
+        self._child = child
         self.tracking_uri = tracking_uri
         self.run_id: str | None = None
         self._lock = threading.Lock()
@@ -117,16 +111,20 @@ class MLflowProcessSink:
         """Hand the logger's settings to the process :func:`start_ahead` started (else to a new
         one); returns at once. ``output``: a file the process sends its stdout and stderr to
         (MLflow's and alembic's lines; the run's log while the run starts), None = leave them."""
-        process = _ahead.pop() if _ahead else _Process.launch()
-        sink = cls(process.popen, process.requests, process.replies, tracking_uri)
+        sink = cls(_ahead.pop() if _ahead else _Process.launch(), tracking_uri)
         run_path = None if run_dir is None else str(run_dir)
         settings = {"project": project, "experiment": experiment, "tracking_uri": tracking_uri}
-        sink._requests.send({"logger": {**settings, "run_dir": run_path}, "output": output})
+        sink._child.requests.send({"logger": {**settings, "run_dir": run_path}, "output": output})
         return sink
 
     @property
+    def popen(self) -> subprocess.Popen:
+        """The MLflow process."""
+        return self._child.popen
+
+    @property
     def pid(self) -> int:
-        return self._process.pid
+        return self._child.popen.pid
 
     # --- the metric-sink methods ---
 
@@ -159,11 +157,11 @@ class MLflowProcessSink:
         if self._closed:
             return
         try:
-            if self._process.poll() is None and self._await_start(raise_error=False):
+            if self.popen.poll() is None and self._await_start(raise_error=False):
                 self._call("close", status)
         finally:
             self._closed = True
-            _Process(self._process, self._requests, self._replies).end()
+            self._child.end()
 
     # --- requests ---
 
@@ -173,8 +171,8 @@ class MLflowProcessSink:
         with self._lock:
             self._await_start(raise_error=True)
             try:
-                self._requests.send((method, args))
-                reply = self._replies.recv()
+                self._child.requests.send((method, args))
+                reply = self._child.replies.recv()
             except (EOFError, OSError) as err:
                 raise self._ended(method) from err
         return self._take(reply)
@@ -185,7 +183,7 @@ class MLflowProcessSink:
         the run failed to open for another reason, which it must not mask)."""
         if self._opened is None:
             try:
-                self._start_reply: Reply | None = self._replies.recv()
+                self._start_reply: Reply | None = self._child.replies.recv()
             except (EOFError, OSError):
                 self._start_reply = None
             reply = self._start_reply
@@ -215,12 +213,12 @@ class MLflowProcessSink:
 
     def _ended(self, method: str) -> MLflowProcessError:
         try:
-            status = self._process.wait(timeout=EXIT_WAIT_S)
+            status = self.popen.wait(timeout=EXIT_WAIT_S)
         except subprocess.TimeoutExpired:
             status = None
         how = "is not answering" if status is None else f"ended with exit status {status}"
         return MLflowProcessError(
-            f"the MLflow process (pid {self._process.pid}) {how} before answering {method}; its "
+            f"the MLflow process (pid {self.pid}) {how} before answering {method}; its "
             "output is in the run's log (ppoflow.log) or on stderr"
         )
 
@@ -271,8 +269,8 @@ _ahead: list[_Process] = []
 
 def start_ahead() -> None:
     """Launch the MLflow process now, before this process imports anything heavy: it imports
-    MLflow meanwhile, at a lower priority (:data:`NICENESS`), and the run's ``mlflow`` sink takes
-    it over (:meth:`MLflowProcessSink.start`). One nobody takes (the run logs no MLflow, or
+    MLflow meanwhile on a low-priority thread (:func:`_run_at_low_priority`), and the run's
+    ``mlflow`` sink takes it over (:meth:`MLflowProcessSink.start`). One nobody takes (the run logs no MLflow, or
     fails before its sinks) ends at exit. The ``ppoflow`` executable calls this for a training
     command (flows/entry.py)."""
     if _ahead:
@@ -323,7 +321,9 @@ class _Records(logging.Handler):
         return kept
 
 
-def _reply(logger: Any, records: _Records, result: Any = None, error: Exception | None = None):
+def _reply(
+    logger: Any, records: _Records, result: Any = None, error: Exception | None = None
+) -> Reply:
     reply = Reply(
         run_id=getattr(logger, "run_id", None),
         tracking_uri=getattr(logger, "tracking_uri", None),
@@ -375,7 +375,7 @@ def serve(request_fd: int, reply_fd: int) -> None:
     relayed.setLevel(logging.INFO)
     relayed.propagate = False
     relayed.addHandler(records)
-    imported = _run_niced(_import_logger)
+    imported = _run_at_low_priority(_import_logger)
     try:
         settings = requests.recv()
     except EOFError:
@@ -384,7 +384,7 @@ def serve(request_fd: int, reply_fd: int) -> None:
         _send_output_to(settings["output"])
     logger, error = None, imported.error
     if error is None:
-        built = _run_niced(lambda: _build_ahead(imported.value, settings["logger"]))
+        built = _run_at_low_priority(lambda: _build_ahead(imported.value, settings["logger"]))
         logger, error = built.value, built.error
     replies.send(_reply(logger, records, error=error))
     if error is not None:
@@ -414,7 +414,7 @@ class _Outcome:
     error: Exception | None = None
 
 
-def _run_niced(work: Callable[[], Any]) -> _Outcome:
+def _run_at_low_priority(work: Callable[[], Any]) -> _Outcome:
     """``work()`` on a thread that runs only on CPU nobody else wants (Linux's ``SCHED_IDLE``;
     elsewhere :data:`NICENESS` lower, or the process's priority), so that the training process's
     start-up, which needs every core, goes first; the calls answered later run at normal

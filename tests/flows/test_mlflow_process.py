@@ -58,7 +58,7 @@ def test_a_run_logged_through_the_process_reads_back(tmp_path, store_uri):
         assert report.written == {} and report.skipped  # no reward series: every plot skipped
     finally:
         sink.close("FINISHED")
-    assert sink.run_id == run_id and sink._process.returncode == 0
+    assert sink.run_id == run_id and sink.popen.returncode == 0
     client = MlflowClient(store_uri)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["ppoflow.version"] == "0.1.0"
@@ -91,11 +91,11 @@ def test_an_error_the_logger_raises_is_raised_here_with_its_traceback(tmp_path, 
         with pytest.raises(Exception, match="Invalid value") as raised:
             sink.set_tags({"bad\x00name": "x"})
         assert any("raised in the MLflow process" in note for note in raised.value.__notes__)
-        assert sink._process.poll() is None  # it still serves (the fan-out retires the sink)
+        assert sink.popen.poll() is None  # it still serves (the fan-out retires the sink)
     finally:
         with pytest.raises(Exception, match="Invalid value"):  # the queued tags, flushed again
             sink.close("FAILED")
-    assert sink._process.wait(timeout=10) == 0
+    assert sink.popen.wait(timeout=10) == 0
 
 
 def test_outage_warnings_reach_this_process_and_close_saves_the_pending(tmp_path, caplog):
@@ -123,7 +123,7 @@ def test_a_logger_that_cannot_start_fails_the_first_call_and_closes_quietly(monk
             sink.log_metrics({"a": 1.0}, 2)
     finally:
         sink.close("FAILED")  # does not raise the start error again
-    assert sink._process.returncode == 0
+    assert sink.popen.returncode == 0
 
 
 def test_a_dead_process_is_an_error_naming_its_exit_status(tmp_path, store_uri):
@@ -185,7 +185,7 @@ def test_the_process_started_ahead_is_taken_over_and_an_untaken_one_ends_at_exit
         )
         sink.log_metrics({"a": 1.0}, 1)
         sink.close("FINISHED")
-        print("taken", sink.pid == ahead, sink._process.returncode)
+        print("taken", sink.pid == ahead, sink.popen.returncode)
         mp.start_ahead()  # nobody takes this one
         print("untaken", mp._ahead[0].popen.pid)
         """
