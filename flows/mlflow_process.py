@@ -60,9 +60,11 @@ SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
 EXIT_WAIT_S = 10.0
 #: the loggers whose records the process hands back (the logger, the plots, the store)
 RELAYED_LOGGER = "flows"
-#: how much lower the priority of the process's start (MLflow's imports, its store) is where
-#: Linux's idle scheduling class is not available: it then takes the CPU the training process's
-#: own start leaves idle instead of sharing it
+#: how much nicer the process's start (MLflow's imports, its store) runs: Linux then gives it
+#: about a tenth of a core while the training process's start keeps both busy, and all the CPU
+#: left idle. Not an idle scheduling class: on a machine loaded by others that one would starve it
+#: for minutes (seen: a 2-step training behind one busy process per core took 14 min), and an
+#: unprivileged process cannot raise its priority again once the training process waits for it
 NICENESS = 10
 
 
@@ -415,14 +417,16 @@ class _Outcome:
 
 
 def _run_at_low_priority(work: Callable[[], Any]) -> _Outcome:
-    """``work()`` on a thread that runs only on CPU nobody else wants (Linux's ``SCHED_IDLE``;
-    elsewhere :data:`NICENESS` lower, or the process's priority), so that the training process's
+    """``work()`` on a thread :data:`NICENESS` steps nicer than the process (Linux gives each
+    thread its own; elsewhere it runs at the process's priority), so that the training process's
     start-up, which needs every core, goes first; the calls answered later run at normal
     priority on the main thread."""
     outcome = _Outcome()
 
     def run() -> None:
-        _lower_this_threads_priority()
+        with suppress(OSError, AttributeError):
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + NICENESS)
         try:
             outcome.value = work()
         except Exception as err:
@@ -432,15 +436,6 @@ def _run_at_low_priority(work: Callable[[], Any]) -> _Outcome:
     thread.start()
     thread.join()
     return outcome
-
-
-def _lower_this_threads_priority() -> None:
-    tid = threading.get_native_id()
-    with suppress(OSError, AttributeError):  # Linux: a thread has its own policy
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        return
-    with suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + NICENESS)
 
 
 def _import_logger() -> type:
