@@ -12,10 +12,12 @@ micro-batches can change from one mini-batch to the next under a token budget.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -99,7 +101,7 @@ def ensure_process_group(backend: str | None = None) -> None:
 
     Under a launcher (all of :data:`LAUNCHER_ENV` set, e.g. a Ray rank) its rendezvous is used.
     Without one this process is the only rank, and the group meets through a file store in a
-    fresh temp directory rather than a TCP port (a port picked as free can be taken before the
+    fresh temp directory, removed when the process exits, rather than a TCP port (a port picked as free can be taken before the
     store binds it, and a port in the environment may be one a parent process still holds).
 
     A process may start a second world after the first was torn down (a second run in one
@@ -117,7 +119,9 @@ def ensure_process_group(backend: str | None = None) -> None:
             deepspeed.init_distributed(dist_backend=dist_backend)
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-    store = Path(tempfile.mkdtemp(prefix="ppoflow-pg-")) / "store"
+    rendezvous = Path(tempfile.mkdtemp(prefix="ppoflow-pg-"))
+    atexit.register(shutil.rmtree, rendezvous, ignore_errors=True)
+    store = rendezvous / "store"
     with _shared_memory_op_for(1):
         deepspeed.init_distributed(
             dist_backend=dist_backend,
