@@ -52,6 +52,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from flows.start_up_gc import pause as pause_collector
+from flows.start_up_gc import resume as resume_collector
+
 log = logging.getLogger(__name__)
 
 #: the directory that holds the ``flows`` package, first on the process's import path
@@ -366,8 +369,9 @@ def builds_ahead(settings: Mapping[str, Any], environ: Mapping[str, str] = os.en
 def serve(request_fd: int, reply_fd: int) -> None:
     """The process's main: import MLflow (at :data:`NICENESS`), take the settings, send stdout
     and stderr to their ``output``, build the logger (:func:`builds_ahead`; else at the first
-    request), answer the start, then answer each request ``(method, args)`` with the logger's
+    request) — all with the cyclic garbage collector off (flows/start_up_gc.py) — answer the start, then answer each request ``(method, args)`` with the logger's
     ``method(*args)`` until ``close`` or the pipe's end."""
+    pause_collector()  # while MLflow is imported and the logger built (flows/start_up_gc.py)
     for stop in (signal.SIGINT, signal.SIGTERM):  # the training process closes this one
         signal.signal(stop, signal.SIG_IGN)
     requests = Connection(request_fd, writable=False)
@@ -388,6 +392,7 @@ def serve(request_fd: int, reply_fd: int) -> None:
     if error is None:
         built = _run_at_low_priority(lambda: _build_ahead(imported.value, settings["logger"]))
         logger, error = built.value, built.error
+    resume_collector()
     replies.send(_reply(logger, records, error=error))
     if error is not None:
         return

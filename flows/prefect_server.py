@@ -39,6 +39,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from flows.service_waits import PREFECT_STARTUP, startup_timeout_line
 
@@ -62,6 +63,20 @@ WARM_UP = (
     ("POST", "/flows/filter", b'{"limit": 1}'),
     ("POST", "/flow_runs/filter", b'{"limit": 1}'),
 )
+
+
+def create_app() -> Any:
+    """Prefect's server app, as ``prefect.server.api.server:create_app`` builds it for uvicorn's
+    factory; then the cyclic garbage collector, which the server's command line held off while
+    uvicorn, FastAPI, SQLAlchemy and Prefect's routes were imported, is turned on again with
+    those objects frozen (flows/start_up_gc.py)."""
+    from prefect.server.api.server import create_app as prefect_create_app
+
+    from flows.start_up_gc import resume
+
+    app = prefect_create_app()
+    resume()
+    return app
 
 
 def free_port() -> int:
@@ -125,13 +140,15 @@ class TemporaryServer:
             time.sleep(0.05)
 
     def command(self) -> list[str]:
-        """The server's command line: Prefect's own for its temporary server, on :attr:`port`."""
+        """The server's command line: Prefect's own for its temporary server (uvicorn with
+        Prefect's app factory), on :attr:`port`, with the cyclic garbage collector off until the
+        app is built (:func:`create_app`)."""
         return [
             sys.executable,
-            "-m",
-            "uvicorn",
+            "-c",
+            "from flows.start_up_gc import pause; pause(); from uvicorn.main import main; main()",
             "--factory",
-            "prefect.server.api.server:create_app",
+            f"{__name__}:create_app",
             "--host",
             "127.0.0.1",
             "--port",

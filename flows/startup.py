@@ -54,6 +54,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.spinner import Spinner
 
+from flows.start_up_gc import resume as resume_collector
+
 #: the packages whose loggers and warnings are ppoflow's own (pyproject's packages)
 OWN_PACKAGES = ("flows", "stages", "dataproto")
 _OWN_DIRS = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep for name in OWN_PACKAGES)
@@ -156,10 +158,13 @@ class Startup:
             self.logger.info("ppoflow: %s", text)
 
     def ready(self) -> None:
-        """The run is open: the libraries' output goes back to the terminal (idempotent)."""
+        """The run is open: the libraries' output goes back to the terminal, and the cyclic
+        garbage collector, if the command line held it off, is on again with the start-up's
+        objects frozen (flows/start_up_gc.py) (idempotent)."""
         if self._ready:
             return
         self._ready = True
+        resume_collector()
         self.held.close()
         seconds = time.perf_counter() - self.began
         where = f" · library messages in {self.log_file}" if self.capture is not None else ""
