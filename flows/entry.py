@@ -24,7 +24,7 @@ def main() -> None:
     by their reference counts.
 
     A training command runs with Python's cyclic collector off until its first step
-    (flows/start_up_gc.py: about a quarter of the imports' time).
+    (flows/start_up_gc.py: a quarter to a third of the imports' time).
     """
     atexit.register(gc.freeze)
     from flows.prefect_server import is_flow_command, start_ahead_for
