@@ -369,8 +369,9 @@ def builds_ahead(settings: Mapping[str, Any], environ: Mapping[str, str] = os.en
 def serve(request_fd: int, reply_fd: int) -> None:
     """The process's main: import MLflow (at :data:`NICENESS`), take the settings, send stdout
     and stderr to their ``output``, build the logger (:func:`builds_ahead`; else at the first
-    request) — all with the cyclic garbage collector off (flows/start_up_gc.py) — answer the start, then answer each request ``(method, args)`` with the logger's
-    ``method(*args)`` until ``close`` or the pipe's end."""
+    request) — all with the cyclic garbage collector off (flows/start_up_gc.py) — answer the
+    start, then answer each request ``(method, args)`` with the logger's ``method(*args)`` until
+    ``close`` or the pipe's end."""
     pause_collector()  # while MLflow is imported and the logger built (flows/start_up_gc.py)
     for stop in (signal.SIGINT, signal.SIGTERM):  # the training process closes this one
         signal.signal(stop, signal.SIG_IGN)

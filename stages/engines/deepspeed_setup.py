@@ -101,8 +101,9 @@ def ensure_process_group(backend: str | None = None) -> None:
 
     Under a launcher (all of :data:`LAUNCHER_ENV` set, e.g. a Ray rank) its rendezvous is used.
     Without one this process is the only rank, and the group meets through a file store in a
-    fresh temp directory, removed when the process exits, rather than a TCP port (a port picked as free can be taken before the
-    store binds it, and a port in the environment may be one a parent process still holds).
+    fresh temp directory, removed when the process exits, rather than a TCP port (a port picked
+    as free can be taken before the store binds it, and a port in the environment may be one a
+    parent process still holds).
 
     A process may start a second world after the first was torn down (a second run in one
     process, after vLLM's clean-up destroyed the first): DeepSpeed's handles on the old world's
