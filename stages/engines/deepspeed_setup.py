@@ -12,11 +12,14 @@ micro-batches can change from one mini-batch to the next under a token budget.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import math
 import os
 import re
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -97,10 +100,10 @@ def ensure_process_group(backend: str | None = None) -> None:
     """Initialise torch.distributed through DeepSpeed once per process (gloo on CPU, nccl on CUDA).
 
     Under a launcher (all of :data:`LAUNCHER_ENV` set, e.g. a Ray rank) its rendezvous is used.
-    Without one this process is the only rank, and the group meets through an in-process store
-    (``torch.distributed.HashStore``): no TCP port (a port picked as free can be taken before a
-    store binds it, and a port in the environment may be one a parent process still holds) and
-    no file left behind, even by a killed process.
+    Without one this process is the only rank, and the group meets through a file store in a
+    fresh temp directory, removed when the process exits, rather than a TCP port (a port picked
+    as free can be taken before the store binds it, and a port in the environment may be one a
+    parent process still holds).
 
     A process may start a second world after the first was torn down (a second run in one
     process, after vLLM's clean-up destroyed the first): DeepSpeed's handles on the old world's
@@ -117,11 +120,17 @@ def ensure_process_group(backend: str | None = None) -> None:
             deepspeed.init_distributed(dist_backend=dist_backend)
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-    torch.distributed.init_process_group(
-        dist_backend, store=torch.distributed.HashStore(), rank=0, world_size=1
-    )
-    with _shared_memory_op_for(1):  # DeepSpeed takes the world over as it is
-        deepspeed.init_distributed(dist_backend=dist_backend, auto_mpi_discovery=False)
+    rendezvous = Path(tempfile.mkdtemp(prefix="ppoflow-pg-"))
+    atexit.register(shutil.rmtree, rendezvous, ignore_errors=True)
+    store = rendezvous / "store"
+    with _shared_memory_op_for(1):
+        deepspeed.init_distributed(
+            dist_backend=dist_backend,
+            auto_mpi_discovery=False,  # it would look for MASTER_ADDR / MASTER_PORT, then MPI
+            init_method=store.as_uri(),
+            rank=0,
+            world_size=1,
+        )
 
 
 def join_process_group(
