@@ -12,14 +12,11 @@ micro-batches can change from one mini-batch to the next under a token budget.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import math
 import os
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +25,8 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+
+from stages.engines.rendezvous_dir import rendezvous_dir
 
 DTYPES = {
     "float32": torch.float32,
@@ -101,9 +100,10 @@ def ensure_process_group(backend: str | None = None) -> None:
 
     Under a launcher (all of :data:`LAUNCHER_ENV` set, e.g. a Ray rank) its rendezvous is used.
     Without one this process is the only rank, and the group meets through a file store in a
-    fresh temp directory, removed when the process exits, rather than a TCP port (a port picked
-    as free can be taken before the store binds it, and a port in the environment may be one a
-    parent process still holds).
+    fresh temp directory (``stages.engines.rendezvous_dir``: removed when the process exits, or
+    by the next single rank when it was killed) rather than a TCP port (a port picked as free can
+    be taken before the store binds it, and a port in the environment may be one a parent
+    process still holds).
 
     A process may start a second world after the first was torn down (a second run in one
     process, after vLLM's clean-up destroyed the first): DeepSpeed's handles on the old world's
@@ -120,9 +120,7 @@ def ensure_process_group(backend: str | None = None) -> None:
             deepspeed.init_distributed(dist_backend=dist_backend)
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-    rendezvous = Path(tempfile.mkdtemp(prefix="ppoflow-pg-"))
-    atexit.register(shutil.rmtree, rendezvous, ignore_errors=True)
-    store = rendezvous / "store"
+    store = rendezvous_dir() / "store"
     with _shared_memory_op_for(1):
         deepspeed.init_distributed(
             dist_backend=dist_backend,
