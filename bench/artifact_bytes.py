@@ -23,7 +23,7 @@ dtype, format 3) and ``trimmed`` (the default, format 4: also each padded row st
 to its last real entry, dataproto/trimmed_rows.py) and ``lean`` (what a ppoflow step writes:
 trimmed, and the rollout's derived keys — ``prompts``, ``input_ids``, ``attention_mask``,
 ``position_ids`` — left out after checking they rebuild exactly, and rebuilt from the step input
-on load, flows/derived_keys.py). Printed: bytes per step and the ratios wide ÷ side, median save /
+on load, flows/runs/derived_keys.py). Printed: bytes per step and the ratios wide ÷ side, median save /
 load seconds per step with the per-round ratios, and the load average.
 """
 
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataproto import DataProto
 from dataproto.artifact import load_artifact, save_artifact
-from flows.derived_keys import rebuild_derived, stored_delta
+from flows.runs.derived_keys import rebuild_derived, stored_delta
 from stages.rollout import ROLLOUT_STAGE
 
 SIZES = {

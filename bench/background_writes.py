@@ -6,7 +6,7 @@
 written into a temp directory, no validation or checkpoints, fresh processes), once with
 ``ppoflow.artifacts.write_in_background=true`` (the default: the fingerprint computed in memory,
 the files written by one writer thread while the step goes on, the step ending when its writes
-have; flows/artifact_writer.py) and once with ``false`` (the baseline: every artifact written
+have; flows/runs/artifact_writer.py) and once with ``false`` (the baseline: every artifact written
 inside its stage), alternating in the same run. Per run: steady s/step (the median gap between
 consecutive step ends from step 3 on) and the median ``timing_s/*`` of the stages. Printed: the
 medians per side, the per-pair ratios baseline ÷ background (> 1: background faster), and the
@@ -42,7 +42,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="background-writes-") as tmp:
         work = Path(tmp)
         for command in (["make-demo-data", f"{work}/demo/data"], ["make-tiny-model", f"{work}/demo/model"]):  # fmt: skip
-            subprocess.run([str(PPOFLOW_PY), "-m", "flows.cli", *command], check=True, cwd=REPO, capture_output=True)  # fmt: skip
+            subprocess.run([str(PPOFLOW_PY), "-m", "flows.cli.app", *command], check=True, cwd=REPO, capture_output=True)  # fmt: skip
         for index in range(args.pairs):
             for position, (side, value) in enumerate(SIDES.items()):
                 extra = [*args.override, f"ppoflow.artifacts.write_in_background={value}"]

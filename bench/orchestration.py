@@ -20,7 +20,7 @@ Per step, both variants run inside one Prefect flow run, as ``ppoflow train`` ru
   rewritten after each stage) with every stage refreshed (the cache off, so both variants do the
   same model work), the weights lineage advanced, ``step_metrics``, and the step's publishing
   (``MLflowLogger.log_metrics`` to SQLite in the run dir and ``publish_step_report``, a Prefect
-  markdown artifact) handed to the background thread of ``flows.publisher.Publisher`` as the
+  markdown artifact) handed to the background thread of ``flows.sinks.publisher.Publisher`` as the
   train loop does; only the wait for the previous step's publishing counts on the step.
 
 Like for like: each variant has its own model engines built from the same initial weights (the
@@ -75,21 +75,21 @@ from prefect.results import ResultStore
 from prefect.task_engine import SyncTaskRunEngine
 from transformers.utils import logging as hf_logging
 
-import flows.cache_keys as cache_keys_module
-import flows.run_store as run_store_module
+import flows.cache.keys as cache_keys_module
+import flows.runs.store as run_store_module
 import flows.stage_task as stage_task_module
 from dataproto import DataProto
 from dataproto import keys as K
-from flows.cli_train import QUIET_LOGGERS
-from flows.code_fingerprint import stage_code
+from flows.cache.code_fingerprint import stage_code
+from flows.cli.train import QUIET_LOGGERS
 from flows.dag import batch_keys, plan_step
 from flows.engines import WeightsLineage, build_engines, build_role, close_engines, roles_for
-from flows.mlflow_logger import MLflowLogger
-from flows.publisher import Publisher
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
+from flows.sinks.mlflow_logger import MLflowLogger
+from flows.sinks.publisher import Publisher
+from flows.sinks.step_report import publish_step_report
 from flows.stage_task import timer_name
 from flows.step_flow import StepFlow, StepResult, run_step
-from flows.step_report import publish_step_report
 from flows.train import (
     IDEMPOTENT_RETRIES,
     load_datasets,
@@ -177,7 +177,7 @@ def instrumented_flow(timer: PartTimer) -> Iterator[None]:
     """Wrap the functions the step flow calls so their time lands in ``timer``.
 
     ``save_artifact`` is imported by name into flows.stage_task (stage deltas) and
-    flows.run_store (the step input), so each module's reference is wrapped separately. Prefect's
+    flows.runs.store (the step input), so each module's reference is wrapped separately. Prefect's
     own parts: the cache record write (``ResultStore._persist_result_record``), cache lookups
     (``_exists`` / ``_read``) and task-run state changes (``SyncTaskRunEngine.set_state``).
     """

@@ -66,7 +66,7 @@ from prefect.context import SettingsContext, get_settings_context
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
 import flows.train as train_module
-from flows.cli_train import QUIET_LOGGERS
+from flows.cli.train import QUIET_LOGGERS
 from flows.engines import close_engines
 from flows.step_flow import StepFlow, run_step
 from flows.train import TrainRun, open_run, resolve_config, train_step

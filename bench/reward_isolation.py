@@ -8,7 +8,7 @@ Two versions of ppoflow are measured in the same run: ``--before`` (default: the
 the zygote, 80057c8) and ``--after`` (default: HEAD; ``worktree`` = this checkout), each
 exported with ``git archive`` into a temporary directory (dataproto, stages, flows). Each
 measurement is a fresh Python process whose ``__main__`` is a driver script that starts as the
-``ppoflow`` entry script does (``from flows.cli import app``, so it holds torch and Prefect, as a
+``ppoflow`` entry script does (``from flows.cli.app import app``, so it holds torch and Prefect, as a
 training run's driver does), then:
 
 1. starts a ``ScorerPool`` of ``--workers`` processes on a scorer file (timed: start-up);
@@ -50,7 +50,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     return float(solution_str)
 """
 
-DRIVER = """from flows.cli import app  # noqa: F401  (the ppoflow entry script's import: torch, Prefect)
+DRIVER = """from flows.cli.app import app  # noqa: F401  (the ppoflow entry script's import: torch, Prefect)
 
 if __name__ == "__main__":
     import sys

@@ -7,7 +7,7 @@ protocol and what atomicity each side gives are described in ``dataproto/artifac
 A write that finds no room (:data:`DISK_FULL_ERRNOS`: no space, over a quota, over a file-size
 limit) raises its ``OSError`` naming the file being written: a failed ``write`` or ``close``
 names none, so the file objects of :meth:`Store.open_write` and :func:`naming_failed_writes`
-add it, and the command line's one error line (``flows/disk_full.py``) can say where.
+add it, and the command line's one error line (``flows/cli/disk_full.py``) can say where.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Orchestration: the Prefect flows, the run store, the command line.
 
-Importing this package first turns the telemetry of the libraries it drives off
-(:mod:`flows.offline`) and sets how long they wait for the services ppoflow starts
-(:mod:`flows.service_waits`), before any of them reads its settings.
+The flows themselves sit at the top (``train``, ``step_flow``, ``stage_task``, ``rerun``,
+``validate``, ``export``); each concern has a room: ``cli/`` the command line, ``cache/`` stage
+cache keys and records, ``runs/`` the run directory, ``sinks/`` metrics and reports, ``process/``
+the process around a run. Importing the package changes nothing in the process; the ``ppoflow``
+executable prepares its own (flows/process/own_process.py).
 """
-
-from flows.offline import telemetry_off
-from flows.service_waits import service_defaults
-
-telemetry_off()
-service_defaults()

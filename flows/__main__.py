@@ -1,5 +1,5 @@
-"""``python -m flows …``: the ``ppoflow`` executable (flows/entry.py)."""
+"""``python -m flows …``: the ``ppoflow`` executable (flows/cli/entry.py)."""
 
-from flows.entry import main
+from flows.cli.entry import main
 
 main()

@@ -42,7 +42,7 @@ group is closed — so engines built here, one by one or all at once, are releas
 Weight lineage (:class:`WeightsLineage`): the cache key of a weight-reading stage needs a
 fingerprint of the weights it reads. Hashing the parameters every step would cost a pass over
 the model, so the fingerprint is a lineage instead: a role starts from a hash of its model
-directory's content digest (BLAKE3 of its files, ``flows.user_files``), and each update stage
+directory's content digest (BLAKE3 of its files, ``flows.cache.user_files``), and each update stage
 moves it to sha256(previous | the update's cache key); in training an update always runs. Equal lineages mean the same
 initial model and the same sequence of updates on the same inputs.
 """
@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from dataproto import DataProto
-from flows.user_files import path_digest
+from flows.cache.user_files import path_digest
 from stages.engines.colocated import ColocatedRoles, ColocatedWorker
 from stages.engines.dispatch import check_ranks_per_chunk
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS, ROLLOUT_METHODS
@@ -320,8 +320,8 @@ def build_engines(
     config: Any, tokenizer: Any, total_training_steps: int, startup: Any = None
 ) -> dict[str, Any]:
     """Every engine the config needs, keyed for ``StageContext.engines`` (module docstring);
-    each one an ``engines`` phase of ``startup`` (flows/startup.py; default: only logged)."""
-    from flows.startup import current_startup
+    each one an ``engines`` phase of ``startup`` (flows/process/startup.py; default: only logged)."""
+    from flows.process.startup import current_startup
 
     startup = startup or current_startup()
     check_backend(config)
@@ -378,7 +378,7 @@ def close_engines(engines: dict[str, Any]) -> None:
 
 def model_fingerprint(path: str | os.PathLike, role: str, dtype: str | None = None) -> str:
     """sha256 of the role, the compute dtype and the content digest of the model directory
-    (``flows.user_files.path_digest``): the same files anywhere give the same lineage root, an
+    (``flows.cache.user_files.path_digest``): the same files anywhere give the same lineage root, an
     edited file or another dtype gives another."""
     digest = path_digest(path)
     text = f"ppoflow-weights-v2\n{role}\n{digest}\n{dtype}\n"

@@ -8,7 +8,7 @@ set — and ``tokenizer.save_pretrained``), plus ``ppoflow_export.json`` naming 
 load it as they load any model directory.
 
 Where the weights are: a run's checkpoints are under its config's ``trainer.default_local_dir``
-(``flows/checkpoints.py``): ``global_step_<K>/actor`` is the actor engine's directory
+(``flows/runs/checkpoints.py``): ``global_step_<K>/actor`` is the actor engine's directory
 (``stages/engines/checkpoint.py``), whose ``state/`` holds DeepSpeed's files. The architecture
 (``config.json``), the generation config and the tokenizer come from the run's
 ``actor_rollout_ref.model.path`` and ``tokenizer_path``: a checkpoint holds weights only. Given
@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 
-from flows.run_index import is_run_dir, working_dir
+from flows.runs.index import is_run_dir, working_dir
 from stages.engines.checkpoint import MANIFEST, STATE_TAG, checkpoint_steps
 from stages.engines.checkpoint_manifest import STEP_DIR, CheckpointVerify, verify_checkpoint
 from stages.engines.safe_load import weights_only_load, weights_only_torch
@@ -179,7 +179,7 @@ class ExportSource:
 
 def run_config(run_dir: str | os.PathLike) -> Any:
     """The run's resolved config (``config.json``) as a ``PPORunConfig``."""
-    from flows.run_store import CONFIG_FILE, RunStore
+    from flows.runs.store import CONFIG_FILE, RunStore
     from stages.config import validate_config
 
     if not is_run_dir(Path(run_dir)):
@@ -193,7 +193,7 @@ def run_config(run_dir: str | os.PathLike) -> Any:
 
 def run_path(run_dir: str | os.PathLike, path: str) -> str:
     """A path of the run's config as this process can open it: a relative one is read from
-    the directory the run started in (``flows.run_index.working_dir``) when it exists there; a
+    the directory the run started in (``flows.runs.index.working_dir``) when it exists there; a
     hub id (nothing there) is left as it is.
 
     >>> run_path("/no/such/run", "/abs/model")

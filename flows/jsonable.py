@@ -1,6 +1,6 @@
 """Plain values as canonical JSON data, for cache keys, run records and metric sinks.
 
-A module of its own with no ppoflow imports, so a process that only logs (flows/mlflow_process.py)
+A module of its own with no ppoflow imports, so a process that only logs (flows/sinks/mlflow_process.py)
 can import it without torch.
 """
 

@@ -21,12 +21,12 @@
 6. with ``mlflow`` in ``trainer.logger``, the branch is an MLflow run (:func:`log_branch_run`)
    in the parent's experiment (``trainer.project_name``) and, unless
    ``ppoflow.mlflow_tracking_uri`` or ``MLFLOW_TRACKING_URI`` names another, in the store the
-   parent's run_info.json records (else the project store, flows/mlflow_store.py); run name
+   parent's run_info.json records (else the project store, flows/sinks/mlflow_store.py); run name
    ``<experiment_name>-rerun-step<K>-<from>``; tags ``ppoflow.parent_run_dir``,
    ``ppoflow.parent_mlflow_run_id`` and ``mlflow.parentRunId`` (when the parent recorded its
    run, and it is in the same store, so the MLflow UI nests the branch under it),
    ``ppoflow.rerun.*`` (step, from, to, overrides) and the training runs' tags
-   (flows/run_identity.py); the branch config as params; the step's metrics at step K; and the
+   (flows/runs/identity.py); the branch config as params; the step's metrics at step K; and the
    metric diff as the table artifact ``metric_diff.json`` (metric, original, re-run, delta).
    The branch directory gets a run_info.json naming that run.
 
@@ -54,8 +54,6 @@ from typing import Any
 
 from dataproto import keys as K
 from dataproto.artifact import ArtifactError, Verify, load_artifact, read_manifest
-from flows.checkpoints import DATA_ROLE, STATE_FILE
-from flows.device import apply_device
 from flows.engines import (
     WeightsLineage,
     build_reward,
@@ -63,9 +61,11 @@ from flows.engines import (
     close_engines,
     roles_for,
 )
-from flows.retention import pruned_error
-from flows.run_identity import CACHE_HITS, run_info, run_tags
-from flows.run_store import CONFIG_FILE, RERUN_FILE, RUN_INFO_FILE, RunStore, StepJournal
+from flows.process.device import apply_device
+from flows.runs.checkpoints import DATA_ROLE, STATE_FILE
+from flows.runs.identity import CACHE_HITS, run_info, run_tags
+from flows.runs.retention import pruned_error
+from flows.runs.store import CONFIG_FILE, RERUN_FILE, RUN_INFO_FILE, RunStore, StepJournal
 from flows.stage_task import check_reusable
 from flows.step_flow import StepFlow, StepResult, run_step
 from flows.train import step_metrics
@@ -464,8 +464,8 @@ def log_branch_run(
 ) -> str | None:
     """Log the branch as an MLflow run (module docstring, step 6); its run id, or None while
     the store is unreachable (then what was logged is in the branch's mlflow_pending.jsonl)."""
-    from flows.mlflow_logger import MLflowLogger
-    from flows.mlflow_store import select_tracking_uri
+    from flows.sinks.mlflow_logger import MLflowLogger
+    from flows.sinks.mlflow_store import select_tracking_uri
 
     parent_info = parent.load_run_info() if parent.exists(RUN_INFO_FILE) else {}
     uri = select_tracking_uri(

@@ -3,7 +3,7 @@
 :func:`run_stage` is what the step flow calls for every enabled stage:
 
 1. check that the batch holds the stage's ``requires`` and select only those keys;
-2. compute the cache key (flows/cache_keys.py) from the stage's name, version, config values,
+2. compute the cache key (flows/cache/keys.py) from the stage's name, version, config values,
    the fingerprints of its input keys and, for a weight-reading stage, the weights fingerprint;
 3. call the stage's Prefect task (:func:`stage_task`) with that key. Prefect looks the key up in
    the cache records under ``RunStore.cache_dir``; on a miss the task body (:func:`compute_stage`)
@@ -11,7 +11,7 @@
    ``<run>/step_<k>/<stage>/`` with the stage's metrics and cache key in its manifest. The task
    returns (and Prefect caches) only the :class:`ArtifactRef`, never tensors. A cache record is
    JSON naming that reference and nothing else, and Prefect reads records only through ppoflow's
-   checks (flows/cache_records.py): a record ppoflow did not write (a pickle from an earlier
+   checks (flows/cache/records.py): a record ppoflow did not write (a pickle from an earlier
    version or a planted one, another serializer, garbled or truncated JSON) is never decoded; the
    stage logs one warning naming the file and is recomputed with the cache refreshed, which
    replaces the record (:func:`refused_record`);
@@ -50,8 +50,8 @@ from dataproto.artifact import (
 )
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from dataproto.protocol import DataProto
-from flows.artifact_writer import current_writer
-from flows.cache_keys import (
+from flows.cache.code_fingerprint import stage_code
+from flows.cache.keys import (
     artifact_key_fingerprints,
     cache_key_of,
     config_slice,
@@ -59,12 +59,12 @@ from flows.cache_keys import (
     plugin_names,
     stage_key_parts,
 )
-from flows.cache_records import record_problem, task_options
-from flows.code_fingerprint import stage_code
+from flows.cache.miss_reasons import miss_reasons
+from flows.cache.records import record_problem, task_options
 from flows.dag import batch_keys
-from flows.derived_keys import derived_fingerprints, rebuild_derived, stored_delta
-from flows.miss_reasons import miss_reasons
-from flows.run_store import RunStore, StageRecord, decode_metrics, encode_metrics
+from flows.runs.artifact_writer import current_writer
+from flows.runs.derived_keys import derived_fingerprints, rebuild_derived, stored_delta
+from flows.runs.store import RunStore, StageRecord, decode_metrics, encode_metrics
 from stages.stage import KeyRef, Stage, StageContext
 
 #: stage name → verl timer name (``timing_s/<timer>``); other stages time under their own name
@@ -172,8 +172,8 @@ def compute_stage(
         if name not in before or value is not before[name]
     }
     extra = {"cache_key": cache_key, "metrics": encode_metrics(added, f"stage {stage.name!r}")}
-    stored, derived = stored_delta(stage, inputs, delta)  # flows/derived_keys.py
-    writer = current_writer()  # the step's background writer (flows/artifact_writer.py)
+    stored, derived = stored_delta(stage, inputs, delta)  # flows/runs/derived_keys.py
+    writer = current_writer()  # the step's background writer (flows/runs/artifact_writer.py)
     if derived:
         extra["derived"] = derived
     ref = save_artifact(
@@ -235,7 +235,7 @@ def stage_task(
     """The Prefect task of ``stage``: cached by the ``cache_key`` parameter, result an ArtifactRef.
 
     Cache records live in ``cache_dir``, one per key: JSON naming the ArtifactRef, read only
-    through ppoflow's checks (flows/cache_records.py, :func:`~flows.cache_records.task_options`).
+    through ppoflow's checks (flows/cache/records.py, :func:`~flows.cache.records.task_options`).
     ``retries`` is for idempotent stages only: a weight-writing stage (an optimizer step) is
     never retried.
     ``refresh``: compute even on a cache hit (and replace the record). Tasks are built once per
@@ -264,7 +264,7 @@ class StageOutcome:
 def load_delta(
     ref: ArtifactRef, cache_key: str, verify: Verify, stage: Stage, inputs: DataProto
 ) -> tuple[DataProto, dict[str, float], list[str]]:
-    """The delta (its derived keys rebuilt from ``inputs``, flows/derived_keys.py), metrics and
+    """The delta (its derived keys rebuilt from ``inputs``, flows/runs/derived_keys.py), metrics and
     derived key names of the artifact ``ref``, after checking it is what ``ref`` names.
 
     Raises:
@@ -438,7 +438,7 @@ def _produced_fingerprints(
     fingerprints: dict[KeyRef, str],
 ) -> dict[KeyRef, str]:
     """The key fingerprints of what the stage produced: from its artifact's fingerprint, and for
-    derived keys also from the input keys they are built from (flows/derived_keys.py)."""
+    derived keys also from the input keys they are built from (flows/runs/derived_keys.py)."""
     produced = set(stage.produces) | batch_keys(delta) if stage.extra_outputs else stage.produces
     found = artifact_key_fingerprints(artifact, produced)
     found.update(derived_fingerprints(stage, derived, artifact, fingerprints))
@@ -446,7 +446,7 @@ def _produced_fingerprints(
 
 
 def refused_record(stage: Stage, cache_dir: Path, key: str) -> str | None:
-    """The journal reason when the cache record of ``key`` is refused (flows/cache_records.py),
+    """The journal reason when the cache record of ``key`` is refused (flows/cache/records.py),
     after one warning naming the file; None when there is no record or a good one."""
     problem = record_problem(cache_dir, key)
     if problem is None:

@@ -7,7 +7,7 @@ batch with the non-mutating ``|``, and keep its fingerprints, metrics and journa
 A stage that reorders rows (``Stage.reorders``, the balance stage) produces a (B,) permutation;
 after merging it the flow reorders the whole step batch by it (:func:`apply_reorder`: row i
 becomes row ``perm[i]``), drops the permutation key from the batch, and derives every key's new
-fingerprint from the permutation's (``flows.cache_keys.reordered_fingerprints``). Deltas of the
+fingerprint from the permutation's (``flows.cache.keys.reordered_fingerprints``). Deltas of the
 later stages are therefore in the balanced order, as in verl, where the batch is reordered in
 place.
 
@@ -38,10 +38,10 @@ from prefect import Flow
 
 from dataproto.artifact import Verify
 from dataproto.protocol import DataProto
-from flows.artifact_writer import writing_in_background
-from flows.cache_keys import artifact_key_fingerprints, reordered_fingerprints
+from flows.cache.keys import artifact_key_fingerprints, reordered_fingerprints
 from flows.dag import StepPlan, batch_keys, plan_step
-from flows.run_store import RunStore, StageRecord, StepJournal
+from flows.runs.artifact_writer import writing_in_background
+from flows.runs.store import RunStore, StageRecord, StepJournal
 from flows.stage_task import (
     artifact_digest,
     reuse_stage,
@@ -269,7 +269,7 @@ def _run_step(
     )
     records = {name: StageRecord(name, "skipped", reason) for name, reason in plan.skipped.items()}
     metrics = dict(ctx.metrics)
-    with writing_in_background(writes_in_background(ctx.config)):  # flows/artifact_writer.py
+    with writing_in_background(writes_in_background(ctx.config)):  # flows/runs/artifact_writer.py
         for stage in plan.stages:
             if stage.name in reuse:
                 outcome = reuse_stage(

@@ -5,11 +5,11 @@
 1. resolve and validate the config, create and lock the run directory (``RunStore``);
 2. load the tokenizer and the train / validation datasets, build the loader;
 3. build the engines once (``flows.engines``: actor, ref, critic, reward pool), open the metric
-   sinks ``trainer.logger`` lists (``flows.metric_sinks``: MLflow with experiment =
+   sinks ``trainer.logger`` lists (``flows.sinks.fanout``: MLflow with experiment =
    ``trainer.project_name``, run = ``trainer.experiment_name``, in the project store
    ``<ppoflow.artifact_dir>/mlflow.db`` unless ``ppoflow.mlflow_tracking_uri`` or
-   ``MLFLOW_TRACKING_URI`` names another (flows/mlflow_store.py), tagged with the version,
-   commit, run dir and config digest (flows/run_identity.py); W&B; TensorBoard), log the config
+   ``MLFLOW_TRACKING_URI`` names another (flows/sinks/mlflow_store.py), tagged with the version,
+   commit, run dir and config digest (flows/runs/identity.py); W&B; TensorBoard), log the config
    to them, save it as ``<run_dir>/config.json`` (only now: a failed start keeps a run's
    config), and write ``<run_dir>/run_info.json`` (the MLflow run id, store and experiment);
 4. ``val_before_train``; then for each step: the step input (uid per prompt, repeat n), the step
@@ -19,9 +19,9 @@
    → the sinks, validation every ``test_freq`` steps and at the last step (the generations as an
    MLflow table), a checkpoint every ``save_freq`` steps (with the run's identity and the step's
    metrics, :func:`save_checkpoint`), the retention pass (``ppoflow.artifacts``: older steps'
-   artifacts pruned, flows/retention.py), a markdown summary of the step as a Prefect artifact keyed ``<experiment>-<run tag>-step-<k>``
-   (``flows.step_report``); the sinks' metrics and the report are sent on a background thread
-   while the next step computes (``flows.publisher``);
+   artifacts pruned, flows/runs/retention.py), a markdown summary of the step as a Prefect artifact keyed ``<experiment>-<run tag>-step-<k>``
+   (``flows.sinks.step_report``); the sinks' metrics and the report are sent on a background thread
+   while the next step computes (``flows.sinks.publisher``);
 5. a summary; the engines and the reward pool are closed in ``finally``.
 
 Steps 1–3 may happen before the flow run exists: ``ppoflow train`` / ``resume`` open the run
@@ -32,7 +32,7 @@ that run over when it is called with the same config object and run directory
 The flow's first statement logs ``ppoflow: loading config …`` through Prefect's run logger, so
 a deployment run shows a line of ppoflow's as soon as the flow starts; the run directory, every
 step's progress line, the validation lines and the summary follow on the same logger
-(``flows.progress``), beside the console output.
+(``flows.sinks.progress``), beside the console output.
 
 With ``trainer.resume_mode`` auto (a tracker in ``default_local_dir``) or resume_path, step 3
 also restores the checkpoint (engines, RNG states, loader position, KL controller) and the run
@@ -42,7 +42,7 @@ one. When the run logs to the store the checkpoint recorded, the checkpoint's ML
 continues (marked RUNNING again, then FINISHED or FAILED), tagged ``ppoflow.resumed_from_step``;
 the journaled steps ≤ N that it lacks are replayed into it and the steps it holds already are not
 logged again, so after a ``kill -9`` and a resume every step is in its history exactly once
-(flows/mlflow_logger.py). In another store the resume starts a new MLflow run there, with steps
+(flows/sinks/mlflow_logger.py). In another store the resume starts a new MLflow run there, with steps
 ≤ N replayed.
 
 The KL controller (KL in the reward) is run state: its β enters each step input as
@@ -65,8 +65,15 @@ from prefect.runtime import flow_run
 
 from dataproto import DataProto
 from dataproto import keys as K
-from flows.cache_keys import plugin_names
-from flows.checkpoints import (
+from flows.cache.code_fingerprint import code_change_notice, run_code
+from flows.cache.keys import plugin_names
+from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
+from flows.process.device import apply_device
+from flows.process.own_process import prepare_own_process
+from flows.process.prefect_server import describe_prefect
+from flows.process.startup import Startup, current_startup, describe_model, describe_sinks
+from flows.process.stop_signals import is_stop, signals_deferred
+from flows.runs.checkpoints import (
     checkpoint_metrics,
     checkpoint_run,
     controller_state,
@@ -76,16 +83,7 @@ from flows.checkpoints import (
     save_run_checkpoint,
     tracking_state,
 )
-from flows.code_fingerprint import code_change_notice, run_code
-from flows.device import apply_device
-from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
-from flows.generations_dump import dump_rollout, dump_validation
-from flows.metric_sinks import MetricSinks, ResumedRun, open_sinks, start_sinks_ahead
-from flows.prefect_server import describe_prefect
-from flows.progress import SCORE, Progress
-from flows.publisher import Publisher
-from flows.retention import Retention
-from flows.run_identity import (
+from flows.runs.identity import (
     CACHE_HITS,
     cache_hits,
     mlflow_identity,
@@ -93,12 +91,15 @@ from flows.run_identity import (
     run_info,
     run_tags,
 )
-from flows.run_lock import RunLock, lock_run_dir
-from flows.run_store import RunStore, StageRecord
-from flows.startup import Startup, current_startup, describe_model, describe_sinks
+from flows.runs.lock import RunLock, lock_run_dir
+from flows.runs.retention import Retention
+from flows.runs.store import RunStore, StageRecord
+from flows.sinks.fanout import MetricSinks, ResumedRun, open_sinks, start_sinks_ahead
+from flows.sinks.generations_dump import dump_rollout, dump_validation
+from flows.sinks.progress import SCORE, Progress
+from flows.sinks.publisher import Publisher
+from flows.sinks.step_report import flow_run_tag, publish_step_report, report_key
 from flows.step_flow import StepFlow, StepResult, describe_source, run_step
-from flows.step_report import flow_run_tag, publish_step_report, report_key
-from flows.stop_signals import is_stop, signals_deferred
 from flows.validate import validate
 from stages.advantage import KL_METRIC
 from stages.algos.kl_control import get_kl_controller
@@ -177,7 +178,7 @@ class TrainRun:
     start_step: int = 1
     resumed: ResumedRun | None = None  # the checkpoint this run continues from
     lock: RunLock | None = None  # the run directory's, released when the run ends
-    retention: Retention | None = None  # prunes old steps' artifacts (flows/retention.py)
+    retention: Retention | None = None  # prunes old steps' artifacts (flows/runs/retention.py)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.sinks.log_metrics(metrics, step)
@@ -193,7 +194,7 @@ class TrainRun:
 
 def open_run(cfg: PPORunConfig, run_dir: str | None, startup: Startup | None = None) -> TrainRun:
     """Steps 1–3 of the module docstring (engines and the metric sinks opened last), in the
-    start-up phases model, data, engines, MLflow (flows/startup.py; default: only logged)."""
+    start-up phases model, data, engines, MLflow (flows/process/startup.py; default: only logged)."""
     startup = startup or current_startup()
     apply_device(cfg)
     seed_everything(cfg.trainer.seed)
@@ -309,7 +310,7 @@ def close_untaken_run(startup: Startup) -> None:
 
 
 def record_run_info(run: TrainRun) -> None:
-    """``<run_dir>/run_info.json`` (flows/run_identity.py ``run_info``): written when the run
+    """``<run_dir>/run_info.json`` (flows/runs/identity.py ``run_info``): written when the run
     opens, at each checkpoint and at the end, so an MLflow run id that an outage delayed gets
     there too."""
     step = None if run.resumed is None else run.resumed.step
@@ -318,7 +319,7 @@ def record_run_info(run: TrainRun) -> None:
 
 
 def resume(run: TrainRun, startup: Startup | None = None) -> None:
-    """Continue from a checkpoint when ``trainer.resume_mode`` finds one (flows/checkpoints.py):
+    """Continue from a checkpoint when ``trainer.resume_mode`` finds one (flows/runs/checkpoints.py):
     engines, loader position, KL controller, weights lineage; the next step is N + 1; and
     ``run.resumed``, the MLflow run to continue with the history to fill in (module docstring)."""
     startup = startup or current_startup()
@@ -420,14 +421,14 @@ def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:
 
 
 def save_checkpoint(run: TrainRun, step: int, metrics: dict[str, float]) -> None:
-    """Checkpoint step ``step`` (flows/checkpoints.py) with the run's identity and the step's
+    """Checkpoint step ``step`` (flows/runs/checkpoints.py) with the run's identity and the step's
     metrics as they are about to be published, then rewrite run_info.json."""
     identity = {
         "run_dir": run.store.root,
         **mlflow_identity(run.sinks, run.cfg.trainer.project_name),
     }
     state = {**run.run_state(), **tracking_state(identity, metrics)}
-    with signals_deferred():  # a stop signal waits for the checkpoint (flows/stop_signals.py)
+    with signals_deferred():  # a stop signal waits for the checkpoint (flows/process/stop_signals.py)
         save_run_checkpoint(
             run.cfg.trainer.default_local_dir, step, run.engines, state, run.cfg.trainer
         )
@@ -452,7 +453,7 @@ def publish_step(
     """The step's metrics → the metric sinks, its markdown report → a Prefect artifact keyed
     ``<experiment>-<flow run tag>-step-<k>`` with the run directory and ``val_score`` (the
     step's validation score, None when it did not validate); on the publishing thread,
-    flows/publisher.py."""
+    flows/sinks/publisher.py."""
     run.log(metrics, step)
     key = report_key(run.cfg.trainer.experiment_name, flow_run_tag(), step)
     publish_step_report(
@@ -486,6 +487,7 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
         run_dir: the run directory (local path or fsspec URL); default
             ``<ppoflow.artifact_dir>/<experiment_name>-<time>``.
     """
+    prepare_own_process()  # a deployment's worker did not start through the ppoflow executable
     log = get_run_logger()  # the flow run's logs in the Prefect UI
     log.info("ppoflow: loading config %s", describe_source(config, overrides))
     startup = current_startup()  # the command line's, else one that only logs
@@ -536,7 +538,7 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
         record_run_info(run)
         status = "FINISHED"
     except BaseException as err:
-        if is_stop(err):  # SIGTERM / SIGINT (flows/stop_signals.py)
+        if is_stop(err):  # SIGTERM / SIGINT (flows/process/stop_signals.py)
             status = "KILLED"
         raise
     finally:

@@ -11,7 +11,7 @@ extras (e.g. ``acc``, ``pred``), split into ``val-core/…`` and ``val-aux/…``
 (``split_val_core_aux``). The result also holds a table of sample generations: the rows sorted
 by prompt, shuffled with ``RandomState(42)``, the first ``trainer.log_val_generations``, and
 every (generated batch, reward delta) pair, for ``trainer.validation_data_dir``
-(``flows.generations_dump``).
+(``flows.sinks.generations_dump``).
 """
 
 from __future__ import annotations

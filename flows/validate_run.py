@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.export import ExportError, export_model, export_source, run_config
-from flows.run_index import working_dir
+from flows.runs.index import working_dir
 from flows.validate import ValidationResult
 
 MODEL_PATH = "actor_rollout_ref.model.path"
@@ -58,8 +58,8 @@ class RunValidation:
 def run_validation(cfg: Any, step: int) -> tuple[ValidationResult, int]:
     """(the validation of ``cfg``'s actor model at ``step``, the number of validation prompts):
     the actor and the reward engines built as the training builds them, closed afterwards."""
-    from flows.device import apply_device
     from flows.engines import build_reward, build_role, close_engines, seed_everything
+    from flows.process.device import apply_device
     from flows.validate import validate
     from stages.data import load_tokenizer
     from stages.data.from_config import load_split

@@ -1,6 +1,3 @@
-"""ppoflow's stages; importing the package makes transformers skip its scikit-learn and SciPy
-imports and DeepSpeed its MLflow import (stages/skipped_imports.py)."""
-
-from stages.skipped_imports import install as _install_skipped_imports
-
-_install_skipped_imports()
+"""ppoflow's stages: one module per stage of a PPO step, and what the stages need (``algos``,
+``config``, ``data``, ``engines``, ``metrics``, ``reward``). Importing the package changes nothing
+in the process."""

@@ -3,7 +3,7 @@
 A library module of :data:`SKIPS` finds some installed packages "not installed" while it runs,
 and for the availability checks it caches. MLflow installs scikit-learn and SciPy, which
 transformers then imports; DeepSpeed imports MLflow, which ppoflow's training process leaves to
-its MLflow process (flows/mlflow_process.py). On a 2-core machine:
+its MLflow process (flows/sinks/mlflow_process.py). On a 2-core machine:
 
 * ``transformers.utils.import_utils``: every causal-LM class imports
   ``transformers.generation.candidate_generator`` (through ``GenerationMixin``), which runs
@@ -27,8 +27,9 @@ imported (the user imported it first) is left as it is, and so are the library's
 it. The finder declines every other name, and takes itself off ``sys.meta_path`` once every
 module of :data:`SKIPS` has been imported.
 
-``stages/__init__.py`` installs it, so it is in place in every process that imports a ppoflow
-stage before the libraries (the command line, Ray workers, vLLM's in-process engine).
+Importing ``stages`` does not install it: the ``ppoflow`` executable does, first thing
+(flows/process/own_process.py), and so does each Ray rank's actor before it builds its worker
+(stages/engines/worker_group_ray.py); vLLM's in-process engine shares the trainer's process.
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = str(_SESSION_TMP / "prefect-r
 os.environ["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED"] = "false"
 os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_SESSION_TMP / 'mlflow.db'}"
 
+from flows.process.own_process import prepare_own_process  # noqa: E402  (after the variables)
+
+prepare_own_process()  # as the ppoflow executable prepares its own: telemetry off, service waits
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip `gpu` tests on machines without CUDA (they are selected only with `-m gpu`)."""

@@ -6,7 +6,7 @@ import typer
 from typer.testing import CliRunner
 
 from dataproto.artifact import load_artifact, read_manifest
-from flows import cli_artifacts
+from flows.cli import artifacts as cli_artifacts
 
 runner = CliRunner()
 
@@ -75,7 +75,7 @@ def test_inspect_reports_corruption_with_file_name(tmp_path):
 
 
 def test_commands_are_registered_on_the_ppoflow_app():
-    from flows.cli import app
+    from flows.cli.app import app
 
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0

@@ -152,8 +152,8 @@ class WorkersConfig(ConfigModel):
 
 
 class ArtifactRetentionConfig(ConfigModel):
-    """How a run writes its stage artifacts (flows/artifact_writer.py) and which steps keep them
-    (flows/retention.py; keep_last and keep_every both null keep every step)."""
+    """How a run writes its stage artifacts (flows/runs/artifact_writer.py) and which steps keep them
+    (flows/runs/retention.py; keep_last and keep_every both null keep every step)."""
 
     write_in_background: bool = Field(
         True,

@@ -15,7 +15,7 @@ latest_checkpointed_iteration.txt`` = N. One role's checkpoint directory holds:
 
 The step above the roles gets its own manifest, the digest of every file of every role
 (``stages/engines/checkpoint_manifest.py``), which the flows check before a load
-(``flows/checkpoints.py``). Loading here reads no file with ``torch.load(weights_only=False)``:
+(``flows/runs/checkpoints.py``). Loading here reads no file with ``torch.load(weights_only=False)``:
 the engine's DeepSpeed files go through a weights-only checkpoint engine, the LR schedule and RNG
 states through ``weights_only_load`` (``stages/engines/safe_load.py``); a file that names any
 other Python global is refused with one line naming it, and so is an exception DeepSpeed's load

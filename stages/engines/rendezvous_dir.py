@@ -10,7 +10,7 @@ the process ends — and the next single rank to start removes every such direct
 can take. A lock is per open file, so it is seen across processes and PID namespaces alike; a
 directory younger than :data:`GRACE_S` is left alone (its creator may be between creating the
 file and locking it), and one without an ``owner`` file (an older ppoflow's) is not touched.
-It is the probe ``flows/run_lock.py`` makes on a run directory's lock, kept here because
+It is the probe ``flows/runs/lock.py`` makes on a run directory's lock, kept here because
 ``stages`` does not import ``flows``.
 """
 

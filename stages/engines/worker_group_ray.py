@@ -51,6 +51,7 @@ from typing import Any
 from dataproto import DataProto
 from stages.engines.dispatch import check_divisor, collect_from_ranks, split_for_ranks
 from stages.engines.worker_group import check_method
+from stages.skipped_imports import install as install_skipped_imports
 
 #: seconds to wait for every rank's actor to start (import torch/DeepSpeed, get scheduled)
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
@@ -170,6 +171,7 @@ class _RankHost:
         self._timeout = timedelta(seconds=timeout_s)
         self._store: Any = None
         self.worker: Any = None
+        install_skipped_imports()  # this rank's process imports the libraries after it
 
     def placement(self) -> tuple[str, int]:
         """(this node's IP as Ray sees it, the rendezvous port; 0 on ranks other than 0).

@@ -5,7 +5,7 @@ returned floats to MLflow once per step (names through :func:`sanitize_metric_na
 verl's names are kept, including its ``compute_throughout_metrics`` spelling.
 
 The names below are loaded from their submodule on first use (PEP 562), so a process that
-needs only the catalog and the names (flows/mlflow_process.py) does not import torch.
+needs only the catalog and the names (flows/sinks/mlflow_process.py) does not import torch.
 """
 
 from __future__ import annotations

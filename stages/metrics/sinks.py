@@ -7,19 +7,19 @@ config check and the training flow ask the entry instead of comparing names:
 * ``console``: the progress bar or one line per step (``shows_progress``); needs nothing.
 * ``mlflow``: an MLflow run (params, metrics, artifacts, plots), logged from a process of its own
   that starts with the run (``opens_ahead``); MLflow is a dependency.
-* ``wandb``: a W&B run, offline unless asked (``flows.wandb_logger``); package ``wandb``,
+* ``wandb``: a W&B run, offline unless asked (``flows.sinks.wandb_logger``); package ``wandb``,
   extra ``wandb``.
-* ``tensorboard``: event files in ``<run dir>/tensorboard`` (``flows.tensorboard_logger``);
+* ``tensorboard``: event files in ``<run dir>/tensorboard`` (``flows.sinks.tensorboard_logger``);
   package ``tensorboard``, extra ``tensorboard``.
 
 The factory is named by its import path (``"module:function"``), not held as a function: this
 registry is read by the config validation, which must import neither ``flows`` nor MLflow, W&B or
-TensorBoard; ``flows.metric_sinks.open_sinks`` imports the factory when the run opens. A factory
+TensorBoard; ``flows.sinks.fanout.open_sinks`` imports the factory when the run opens. A factory
 is ``factory(cfg: PPORunConfig, run_dir: str | None) -> MetricSink`` (``run_dir``: the local run
-directory, None when the run store is remote); the sink's methods are in ``flows.metric_sinks``.
+directory, None when the run store is remote); the sink's methods are in ``flows.sinks.fanout``.
 
 ``console`` has no factory, and it is the one entry kept special: the console display is the
-flow's :class:`flows.progress.Progress`, which also prints the validation lines, the resume note
+flow's :class:`flows.sinks.progress.Progress`, which also prints the validation lines, the resume note
 and the end-of-run summary, and which times the steps on the training thread. Its entry's
 ``shows_progress`` switches that display on; it receives no metrics of its own.
 
@@ -53,7 +53,7 @@ class MetricSinkSpec:
         shows_progress: listing it turns on the console progress display.
         opens_ahead: the factory is called when the run starts opening, before the model is
             read, instead of in the sinks phase, so that what the sink sets up in the
-            background (MLflow's process, flows/mlflow_process.py) comes up beside the other
+            background (MLflow's process, flows/sinks/mlflow_process.py) comes up beside the other
             start-up phases; nothing is sent to it before the sinks phase.
     """
 
@@ -67,16 +67,16 @@ class MetricSinkSpec:
 METRIC_SINKS: Registry[MetricSinkSpec] = Registry("metric sink")
 METRIC_SINKS.add("console", MetricSinkSpec(factory=None, shows_progress=True))
 METRIC_SINKS.add(
-    "mlflow", MetricSinkSpec(factory="flows.metric_sinks:open_mlflow_sink", opens_ahead=True)
+    "mlflow", MetricSinkSpec(factory="flows.sinks.fanout:open_mlflow_sink", opens_ahead=True)
 )
 METRIC_SINKS.add(
     "wandb",
-    MetricSinkSpec(factory="flows.wandb_logger:open_wandb_sink", package="wandb", extra="wandb"),
+    MetricSinkSpec(factory="flows.sinks.wandb_logger:open_wandb_sink", package="wandb", extra="wandb"),
 )
 METRIC_SINKS.add(
     "tensorboard",
     MetricSinkSpec(
-        factory="flows.tensorboard_logger:open_tensorboard_sink",
+        factory="flows.sinks.tensorboard_logger:open_tensorboard_sink",
         package="tensorboard",
         extra="tensorboard",
     ),

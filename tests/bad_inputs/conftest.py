@@ -1,7 +1,7 @@
 """The bad-input suite's shared inputs and its one check.
 
 Every test feeds ``ppoflow`` one malformed input, in process (the ``ppoflow`` fixture: typer's
-``CliRunner`` on ``flows.cli.app``), and hands the result to the ``expect`` fixture, which asserts
+``CliRunner`` on ``flows.cli.app.app``), and hands the result to the ``expect`` fixture, which asserts
 the contract of docs/bad-inputs.md: the exit status (2 for input to fix in the config or the
 arguments, 1 otherwise), exactly one output line starting with ``error:`` that holds the given
 needles (the offending key / row / file and what would be right), no ``Traceback``, and no
@@ -66,7 +66,7 @@ def case_id(nodeid: str) -> str:
 
 def invoke(*args: Any) -> Any:
     """``ppoflow ARGS…`` in this process; the result holds stdout and stderr together."""
-    from flows.cli import app
+    from flows.cli.app import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 
@@ -265,7 +265,7 @@ def as_without_a_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """The console as a user without a Prefect server sees it (Prefect's temporary server,
     the default): the CLI's logging choice reads has_prefect_server(), which the harness
     makes True."""
-    monkeypatch.setattr("flows.cli_train.has_prefect_server", lambda: False)
+    monkeypatch.setattr("flows.cli.train.has_prefect_server", lambda: False)
 
 
 @dataclass(frozen=True)

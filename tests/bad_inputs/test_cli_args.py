@@ -1,7 +1,7 @@
 """Bad command-line arguments: an unknown command or option, a missing or malformed argument, a
 step or stage that is not there, an output that is in the way.
 
-Usage errors are click's (flows/cli.py prints them as one line with the command's usage, exit
+Usage errors are click's (flows/cli/app.py prints them as one line with the command's usage, exit
 status 2); the others are the commands' own lines. Each leaves the run it names as it was and
 writes no output directory.
 """

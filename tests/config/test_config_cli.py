@@ -6,7 +6,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from flows import cli_config
+from flows.cli import config as cli_config
 from stages.config import load_config, render_default_yaml, validate_config
 
 

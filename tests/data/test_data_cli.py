@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from typer.testing import CliRunner
 
-from flows import cli_data
+from flows.cli import data as cli_data
 from stages.data.dataset import load_prompt_rows
 from stages.data.tiny_model import load_causal_lm
 from stages.data.tokenizer import load_tokenizer

@@ -262,7 +262,7 @@ def test_mlflow_server_reads_the_variables_compose_sets(compose):
 
 
 def test_ppoflow_logs_to_the_tracking_uri_in_the_environment(tmp_path, monkeypatch):
-    from flows.mlflow_logger import MLflowLogger
+    from flows.sinks.mlflow_logger import MLflowLogger
 
     uri = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -296,7 +296,7 @@ def test_flow_runs_start_on_the_shared_workspace_volume(compose):
 
 
 def test_relative_artifact_dir_resolves_in_the_working_directory(tmp_path, monkeypatch):
-    from flows.run_store import RunStore
+    from flows.runs.store import RunStore
     from stages.config import load_config
 
     artifact_dir = load_config(None).ppoflow.artifact_dir

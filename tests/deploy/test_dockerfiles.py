@@ -174,7 +174,7 @@ def test_dockerignore_keeps_environments_outputs_and_caches_out(path, dockerigno
         "pyproject.toml",
         "constraints.txt",
         "README.md",
-        "flows/checkpoints.py",  # a source file named like an excluded folder
+        "flows/runs/checkpoints.py",  # a source file named like an excluded folder
         "tests/deploy/test_dockerfiles.py",
         "docker/.env.example",
         "configs/gpu-8x.yaml",

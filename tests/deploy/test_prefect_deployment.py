@@ -45,8 +45,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows.run_store import RunStore
-from flows.step_report import report_key
+from flows.runs.store import RunStore
+from flows.sinks.step_report import report_key
 
 pytestmark = pytest.mark.slow
 

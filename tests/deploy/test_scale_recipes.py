@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from flows.cli.app import app
 from stages.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]

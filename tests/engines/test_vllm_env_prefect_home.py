@@ -2,7 +2,7 @@
 
 Runs in the vLLM environment (``make test-vllm``): a flow run in the main environment migrates
 ``~/.prefect`` with the newer Prefect, then a flow run in this environment (older Prefect) must
-still work, because this environment's Prefect home is its own (flows/prefect_home.py).
+still work, because this environment's Prefect home is its own (flows/process/prefect_home.py).
 ``HOME`` is a temp dir, so nothing outside it is touched.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.prefect_home import PTH_NAME
+from flows.process.prefect_home import PTH_NAME
 
 pytestmark = pytest.mark.vllm
 

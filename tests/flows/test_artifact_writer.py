@@ -1,4 +1,4 @@
-"""The background artifact writer (flows/artifact_writer.py): the fingerprint is known before the
+"""The background artifact writer (flows/runs/artifact_writer.py): the fingerprint is known before the
 files are written, the files are those of a synchronous save, the step ends when its writes
 have, and a failed write is the step's error."""
 
@@ -14,13 +14,13 @@ from pydantic import BaseModel
 from dataproto import DataProto
 from dataproto.artifact import load_artifact, read_manifest, save_artifact, verify_artifact
 from dataproto.artifact_store import Store
-from flows.artifact_writer import (
+from flows.runs.artifact_writer import (
     THREAD_NAME,
     ArtifactWriter,
     current_writer,
     writing_in_background,
 )
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.step_flow import run_step
 from stages.stage import StageContext
 

@@ -17,8 +17,7 @@ import torch
 
 from dataproto import DataProto
 from dataproto.artifact import ArtifactError, save_artifact
-from flows.cache_keys import stage_key_parts
-from flows.code_fingerprint import (
+from flows.cache.code_fingerprint import (
     _closure,
     changed_files,
     code_files,
@@ -27,11 +26,12 @@ from flows.code_fingerprint import (
     stage_code,
     stage_modules,
 )
-from flows.miss_reasons import miss_reasons
+from flows.cache.keys import stage_key_parts
+from flows.cache.miss_reasons import miss_reasons
+from flows.cache.user_files import path_digest
 from flows.rerun import load_step_input
-from flows.run_store import RunStore, StepJournal
+from flows.runs.store import RunStore, StepJournal
 from flows.step_flow import WEIGHT_WRITER_REASON, run_step
-from flows.user_files import path_digest
 from stages.ppo import PPO_STAGES
 from stages.stage import Stage, StageContext, tensor
 
@@ -216,7 +216,7 @@ def test_an_edited_source_file_changes_the_fingerprint_of_the_stages_that_import
 def test_function_module_sees_through_partials():
     import functools
 
-    assert function_module(functools.partial(path_digest)) == "flows.user_files"
+    assert function_module(functools.partial(path_digest)) == "flows.cache.user_files"
 
 
 def test_key_parts_name_every_input_of_the_key():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cache_keys import (
+from flows.cache.keys import (
     artifact_key_fingerprints,
     config_slice,
     config_value,
@@ -97,7 +97,7 @@ def test_key_fingerprints_depend_on_artifact_and_key():
 SUBPROCESS = """
 import json, sys
 from pydantic import BaseModel
-from flows.cache_keys import key_fingerprint, stage_cache_key
+from flows.cache.keys import key_fingerprint, stage_cache_key
 from stages.stage import Stage, non_tensor, tensor
 
 class Toy(BaseModel):

@@ -1,4 +1,4 @@
-"""Stage cache records (flows/cache_records.py): JSON on disk, and never a decoded planted record.
+"""Stage cache records (flows/cache/records.py): JSON on disk, and never a decoded planted record.
 
 Each planted record below carries a payload that creates the file ``marker`` when Prefect's own
 reader decodes it (a pickle whose ``__reduce__`` opens the file, or a class that Prefect's JSON
@@ -24,7 +24,7 @@ from prefect.results import ResultRecord, ResultRecordMetadata, ResultStore
 from prefect.serializers import CompressedPickleSerializer, JSONSerializer, PickleSerializer
 
 from dataproto.artifact import ArtifactRef
-from flows.cache_records import (
+from flows.cache.records import (
     REFS_DIR,
     ArtifactRefSerializer,
     CacheRecordError,
@@ -33,7 +33,7 @@ from flows.cache_records import (
     record_problem,
 )
 from flows.rerun import open_branch
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.stage_task import stage_task
 from flows.step_flow import run_step
 

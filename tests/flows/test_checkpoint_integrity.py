@@ -1,5 +1,5 @@
 """Run checkpoints have the artifacts' guarantees (stages/engines/checkpoint_manifest.py,
-flows/checkpoints.py): every file's role, size and BLAKE3 digest is in the step's manifest, written
+flows/runs/checkpoints.py): every file's role, size and BLAKE3 digest is in the step's manifest, written
 after the files and before the tracker, and checked before anything is loaded.
 
 Steps 1–3 of an actor (ZeRO 1) and a critic (ZeRO 2) engine of the tiny model are saved once per
@@ -25,16 +25,16 @@ import pytest
 import torch
 
 from dataproto.fingerprint import digest_file
-from flows import checkpoints
-from flows.checkpoints import (
+from flows.engines import InProcessRole
+from flows.export import ActorCheckpoint
+from flows.runs import checkpoints
+from flows.runs.checkpoints import (
     load_run_checkpoint,
     read_run_state,
     restore_run_checkpoint,
     resume_checkpoint,
     save_run_checkpoint,
 )
-from flows.engines import InProcessRole
-from flows.export import ActorCheckpoint
 from stages.engines.checkpoint import LATEST_FILE, write_latest_step
 from stages.engines.checkpoint_manifest import (
     STEP_MANIFEST,

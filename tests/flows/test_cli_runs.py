@@ -14,10 +14,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from flows.cli import app
-from flows.run_index import ACTIVE_FLOOR_S, list_runs
-from flows.run_store import RunStore, StepJournal
-from flows.run_tracking import TrackingLookup
+from flows.cli.app import app
+from flows.runs.index import ACTIVE_FLOOR_S, list_runs
+from flows.runs.store import RunStore, StepJournal
+from flows.runs.tracking import TrackingLookup
 from stages.config import load_config
 from stages.metrics.naming import sanitize_metric_name
 

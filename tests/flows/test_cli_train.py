@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from typer.testing import CliRunner
 
-from flows import cli_train
+from flows.cli import train as cli_train
 from stages.data.demo_task import make_demo_data
 from stages.data.tiny_model import make_tiny_model
 
@@ -63,7 +63,7 @@ def test_missing_model_directory_exits_1_naming_it(prefect_harness, tmp_path):
 
 
 def test_a_prefect_server_is_seen_in_the_environment(monkeypatch):
-    from flows.cli_train import has_prefect_server
+    from flows.cli.train import has_prefect_server
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     assert has_prefect_server()
@@ -72,8 +72,8 @@ def test_a_prefect_server_is_seen_in_the_environment(monkeypatch):
 def test_quiet_prefect_keeps_run_logs_for_a_prefect_server(monkeypatch):
     import logging
 
-    from flows import cli_train
-    from flows.cli_train import _RunLinesOffConsole, quiet_prefect
+    from flows.cli import train as cli_train
+    from flows.cli.train import _RunLinesOffConsole, quiet_prefect
 
     record = logging.LogRecord("prefect.flow_runs", logging.INFO, __file__, 1, "step 1/2", (), None)
     monkeypatch.setattr(cli_train, "has_prefect_server", lambda: False)

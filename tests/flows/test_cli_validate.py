@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from flows.run_store import RunStore, StepJournal
+from flows.cli.app import app
+from flows.runs.store import RunStore, StepJournal
 from stages.config import load_config
 from stages.engines.checkpoint import MANIFEST, checkpoint_dir
 

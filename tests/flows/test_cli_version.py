@@ -1,4 +1,4 @@
-"""``ppoflow --version`` and the command discovery of flows/cli.py."""
+"""``ppoflow --version`` and the command discovery of flows/cli/app.py."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 from typer.testing import CliRunner
 
-from flows.cli import app, command_modules
+from flows.cli.app import app, command_modules
 from flows.version import ppoflow_version, source_commit, version_line
 
 
@@ -23,6 +23,6 @@ def test_version_prints_the_package_version_and_commit():
 
 def test_every_cli_module_is_registered():
     names = command_modules()
-    assert "flows.cli_train" in names and "flows.cli_config" in names
+    assert "flows.cli.train" in names and "flows.cli.config" in names
     commands = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     assert {"train", "rerun", "inspect", "config"} <= commands

@@ -9,7 +9,7 @@ import torch
 
 from dataproto import DataProto
 from flows.dag import batch_keys, plan_step, stages_between
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.step_flow import run_step
 from stages.stage import KeyRef, Stage, meta, non_tensor, tensor
 

@@ -13,7 +13,7 @@ import pytest
 
 from dataproto import keys as K
 from dataproto.artifact import load_artifact
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.train import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]

@@ -1,4 +1,4 @@
-"""Derived keys (flows/derived_keys.py): left out of a stage's artifact when they rebuild exactly,
+"""Derived keys (flows/runs/derived_keys.py): left out of a stage's artifact when they rebuild exactly,
 rebuilt on every load (cache hit, re-run), with lineage fingerprints that see the inputs they are
 built from; the rollout's artifact stores the response side only."""
 
@@ -12,13 +12,13 @@ import torch
 
 from dataproto import DataProto
 from dataproto.artifact import ArtifactError, load_artifact, read_manifest
-from flows.derived_keys import (
+from flows.runs.derived_keys import (
     derived_fingerprints,
     load_stage_artifact,
     rebuild_derived,
     stored_delta,
 )
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.step_flow import run_step
 from stages.rollout import ROLLOUT_STAGE
 from stages.stage import DerivedKey, Stage, tensor

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flows.device import apply_device
+from flows.process.device import apply_device
 
 
 def config(device: str) -> SimpleNamespace:

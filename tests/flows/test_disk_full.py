@@ -1,7 +1,7 @@
 """A full disk while a run writes (issue 18): a journal / JSON record or a checkpoint whose write
 fails leaves nothing half-written under its final name and no temp file; the previous checkpoint
 still verifies and loads, the tracker keeps its step; the command line prints one line naming
-the file, the room left and how to go on (flows/disk_full.py), exit status 1.
+the file, the room left and how to go on (flows/cli/disk_full.py), exit status 1.
 
 The disk fills deterministically: the ``open`` each writer calls (``os.fdopen`` for the run
 store, ``open`` in ``stages/engines/checkpoint.py`` for every engine file, DeepSpeed's through
@@ -26,18 +26,18 @@ import pytest
 import torch
 import typer
 
-from flows import run_store as run_store_module
-from flows.checkpoints import (
+from flows.cli.disk_full import explain_disk_full, human_bytes, mount_of
+from flows.cli.error_lines import explain
+from flows.cli.train import fail_in_one_line
+from flows.engines import InProcessRole
+from flows.runs import store as run_store_module
+from flows.runs.checkpoints import (
     load_run_checkpoint,
     resume_checkpoint,
     save_run_checkpoint,
     tracking_state,
 )
-from flows.cli_train import fail_in_one_line
-from flows.disk_full import explain_disk_full, human_bytes, mount_of
-from flows.engines import InProcessRole
-from flows.error_lines import explain
-from flows.run_store import RunStore, StepJournal
+from flows.runs.store import RunStore, StepJournal
 from stages.engines import checkpoint as checkpoint_module
 from stages.engines.checkpoint import LATEST_FILE, read_latest_step
 from stages.engines.checkpoint_manifest import verify_checkpoint
@@ -201,11 +201,11 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(
     assert read_latest_step(root) == 2 and verify_checkpoint(root, 2).step == 2
 
 
-@pytest.mark.parametrize("module", ["flows.checkpoints", "stages.engines.checkpoint_manifest"])
+@pytest.mark.parametrize("module", ["flows.runs.checkpoints", "stages.engines.checkpoint_manifest"])
 def test_a_full_disk_writing_the_state_or_the_manifest_keeps_the_previous_checkpoint(
     tmp_path, monkeypatch, engines, module
 ):
-    """data/state.json (flows/checkpoints.py) and the step manifest are JSON written through
+    """data/state.json (flows/runs/checkpoints.py) and the step manifest are JSON written through
     a temp file: a full disk there leaves no temp file, names it, and step 1 still loads."""
     import importlib
 
@@ -339,9 +339,9 @@ def child_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def run_cli(args: list[str], home: Path, **env: str) -> subprocess.CompletedProcess:
-    """``python -m flows.cli ARGS`` in ``home``, its own session, to its end."""
+    """``python -m flows.cli.app ARGS`` in ``home``, its own session, to its end."""
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "flows.cli.app", *args],
         cwd=home,
         env=child_env(home, **env),
         capture_output=True,

@@ -30,8 +30,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from dataproto import DataProto
-from flows.cli import app
-from flows.run_store import RunStore, StepJournal
+from flows.cli.app import app
+from flows.runs.store import RunStore, StepJournal
 from stages.config import PPORunConfig, load_config
 from stages.engines.actor import PPOUpdateSettings, update_actor
 from stages.engines.batching import MicroBatching

@@ -12,7 +12,7 @@ import torch
 from dataproto import DataProto
 from dataproto import keys as K
 from dataproto.equality import dataproto_equal
-from flows.generations_dump import (
+from flows.sinks.generations_dump import (
     dump_rollout,
     dump_validation,
     generation_records,

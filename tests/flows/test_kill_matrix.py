@@ -53,10 +53,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from flows.artifact_writer import THREAD_NAME as WRITER_THREAD
-from flows.mlflow_logger import STEP_METRIC
-from flows.run_identity import CACHE_HITS
-from flows.run_store import RunStore
+from flows.runs.artifact_writer import THREAD_NAME as WRITER_THREAD
+from flows.runs.identity import CACHE_HITS
+from flows.runs.store import RunStore
+from flows.sinks.mlflow_logger import STEP_METRIC
 from stages.engines.checkpoint import checkpoint_dir, read_latest_step
 from stages.engines.checkpoint_manifest import verify_checkpoint
 from stages.engines.safe_load import weights_only_load
@@ -286,7 +286,7 @@ class Matrix:
     def train_command(self, home: Path) -> list[str]:
         config = REPO / "configs" / "demo-cpu.yaml"
         overrides = self.overrides(self.demo, home, STEPS, *RUN_OVERRIDES)
-        command = [sys.executable, "-m", "flows.cli", "train", str(config), *overrides]
+        command = [sys.executable, "-m", "flows.cli.app", "train", str(config), *overrides]
         return [*command, "--run-dir", str(home / "run")]
 
     def _baseline(self) -> Outcome:
@@ -306,7 +306,7 @@ class Matrix:
         outcome.leftovers = tuple(temp_files(outcome.run, outcome.checkpoints))
         outcome.logged_steps = logged_steps(home)
         log = home / "resume.log"
-        resume = [sys.executable, "-m", "flows.cli", "resume", str(outcome.run)]
+        resume = [sys.executable, "-m", "flows.cli.app", "resume", str(outcome.run)]
         status, resumed = run_group(resume, home, self.env(home), log)
         assert status == 0, f"ppoflow resume exited {status}:\n{tail(log)}"
         outcome.groups, outcome.wall_s = (killed, resumed), time.monotonic() - start
@@ -402,7 +402,7 @@ def test_a_kill_at_any_point_resumes_to_the_uninterrupted_run(matrix, kill):
     if kill.point.endswith(".write"):  # the kill left the artifact's temp folder
         stage = kill.point.removesuffix(".write")
         assert any(f"/step_{kill.step}/.{stage}.tmp-" in path for path in case.leftovers)
-        # …written by the background writer while the step went on (flows/artifact_writer.py)
+        # …written by the background writer while the step went on (flows/runs/artifact_writer.py)
         assert killed_at["thread"].startswith(WRITER_THREAD), killed_at
 
     assert temp_files(case.run, case.checkpoints) == [], "a temp file of the killed run is left"

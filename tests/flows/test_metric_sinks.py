@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import stages.metrics.sinks as sinks_registry
-from flows.metric_sinks import MetricSinks, SinkDefaults, import_factory, open_sinks
+from flows.sinks.contract import SinkDefaults
+from flows.sinks.fanout import MetricSinks, import_factory, open_sinks
 from stages.config import ConfigError, load_config
 from stages.metrics.sinks import (
     METRIC_SINKS,
@@ -232,7 +233,7 @@ def test_a_sink_failing_at_the_start_is_raised_and_the_opened_ones_are_closed(mo
     factories = {"first": lambda cfg, run_dir: opened, "second": lambda cfg, run_dir: BadParams()}
     for name in factories:
         METRIC_SINKS.add(name, MetricSinkSpec(factory=f"unused:{name}"))
-    monkeypatch.setattr("flows.metric_sinks.import_factory", lambda name, path: factories[name])
+    monkeypatch.setattr("flows.sinks.fanout.import_factory", lambda name, path: factories[name])
     try:
         cfg = load_config(None, ["trainer.logger=[console, first, second]"])
         with pytest.raises(ValueError, match="bad param"):
@@ -248,7 +249,7 @@ def test_a_sink_failing_at_the_start_is_raised_and_the_opened_ones_are_closed(mo
 
 @needs_tensorboard
 def test_tensorboard_scalars_read_back(tmp_path):
-    from flows.tensorboard_logger import open_tensorboard_sink
+    from flows.sinks.tensorboard_logger import open_tensorboard_sink
 
     cfg = load_config(None, ["trainer.logger=[tensorboard]"])
     sink = open_tensorboard_sink(cfg, str(tmp_path))
@@ -271,7 +272,7 @@ def test_tensorboard_scalars_read_back(tmp_path):
 
 
 def test_tensorboard_needs_a_local_run_dir():
-    from flows.tensorboard_logger import open_tensorboard_sink
+    from flows.sinks.tensorboard_logger import open_tensorboard_sink
 
     with pytest.raises(ValueError, match="not a local path"):
         open_tensorboard_sink(load_config(None, []), None)
@@ -283,7 +284,7 @@ def test_tensorboard_needs_a_local_run_dir():
 @needs_wandb
 @pytest.mark.usefixtures("offline_wandb")
 def test_wandb_offline_run_holds_the_metrics(tmp_path):
-    from flows.wandb_logger import open_wandb_sink
+    from flows.sinks.wandb_logger import open_wandb_sink
 
     cfg = load_config(None, ["trainer.project_name=sinks", "trainer.experiment_name=offline"])
     sink = open_wandb_sink(cfg, str(tmp_path))
@@ -304,7 +305,7 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path):
 
 
 def test_wandb_mode_respects_the_user():
-    from flows.wandb_logger import WANDB_SETTINGS, wandb_mode
+    from flows.sinks.wandb_logger import WANDB_SETTINGS, wandb_mode
 
     assert wandb_mode({}) == "offline"
     assert wandb_mode({"WANDB_MODE": "disabled"}) is None

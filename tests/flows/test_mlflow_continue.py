@@ -10,10 +10,10 @@ import mlflow.artifacts
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.metric_sinks import ResumedRun
-from flows.mlflow_logger import CHANGED_PARAMS_TAG, MLflowLogger
-from flows.run_description import NOTE_TAG, metric_doc
-from flows.run_identity import CACHE_HITS, run_tags
+from flows.runs.identity import CACHE_HITS, run_tags
+from flows.sinks.fanout import ResumedRun
+from flows.sinks.mlflow_logger import CHANGED_PARAMS_TAG, MLflowLogger
+from flows.sinks.run_description import NOTE_TAG, metric_doc
 from stages.metrics.catalog import find_metric_doc
 
 CONFIG = {"trainer": {"total_training_steps": 4, "seed": 1}, "algorithm": {"gamma": 1.0}}
@@ -57,7 +57,7 @@ def test_a_resume_continues_the_run_and_holds_every_step_once(store_uri, caplog)
     history = {1: step_metrics(1), 2: {**step_metrics(2), "val-core/d/acc/mean@1": 0.5}}
     resumed = MLflowLogger("proj", "killed", tracking_uri=store_uri, deferred=True)
     resumed.continue_run(ResumedRun(2, run_id, store_uri, history))
-    with caplog.at_level(logging.INFO, logger="flows.mlflow_logger"):
+    with caplog.at_level(logging.INFO, logger="flows.sinks.mlflow_logger"):
         resumed.log_params(RESUMED_CONFIG)
     assert resumed.run_id == run_id
     client = MlflowClient(store_uri)
@@ -120,7 +120,7 @@ def test_a_deleted_run_is_continued_by_a_new_run(store_uri, caplog):
     MlflowClient(store_uri).delete_run(run_id)
     resumed = MLflowLogger("proj", "deleted", tracking_uri=store_uri, deferred=True)
     resumed.continue_run(ResumedRun(1, run_id, store_uri, {1: step_metrics(1)}))
-    with caplog.at_level(logging.WARNING, logger="flows.mlflow_logger"):
+    with caplog.at_level(logging.WARNING, logger="flows.sinks.mlflow_logger"):
         resumed.log_params(CONFIG)
     resumed.close()
     assert resumed.run_id != run_id and "(deleted?); a new run continues it" in caplog.text

@@ -1,16 +1,16 @@
-"""The MLflow run description (flows/run_description.py): header, one row per catalog entry,
+"""The MLflow run description (flows/sinks/run_description.py): header, one row per catalog entry,
 and the cut at MLflow's tag length that says what was left out."""
 
 from __future__ import annotations
 
-from flows.run_description import (
+from flows.runs.identity import CACHE_HITS, FLOW_METRICS
+from flows.sinks.run_description import (
     NO_DOC,
     describe,
     description_markdown,
     header_line,
     metric_rows,
 )
-from flows.run_identity import CACHE_HITS, FLOW_METRICS
 from stages.metrics.catalog import find_metric_doc, step_metric_names
 
 FLAGS = dict(

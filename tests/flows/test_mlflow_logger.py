@@ -12,7 +12,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from flows.mlflow_logger import (
+from flows.sinks.mlflow_logger import (
     PENDING_FILE,
     MLflowLogger,
     default_tracking_uri,
@@ -93,7 +93,7 @@ def test_unreachable_server_buffers_with_one_warning(tmp_path, monkeypatch, capl
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
     uri = f"http://127.0.0.1:{closed_port()}"
     start = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="flows.mlflow_logger"):
+    with caplog.at_level(logging.WARNING, logger="flows.sinks.mlflow_logger"):
         logger = MLflowLogger("proj", "exp", run_dir=tmp_path, tracking_uri=uri, retry_interval_s=0)
         logger.log_params(CONFIG)
         for step in (1, 2, 3):
@@ -135,7 +135,7 @@ def test_buffered_metrics_are_flushed_when_the_server_returns(tmp_path, store_ur
     flaky = FlakyClient(logger._client)
     logger._client = flaky
     flaky.down = True
-    with caplog.at_level(logging.INFO, logger="flows.mlflow_logger"):
+    with caplog.at_level(logging.INFO, logger="flows.sinks.mlflow_logger"):
         logger.log_metrics({"actor/pg_loss": 1.0}, step=1)
         logger.log_metrics({"actor/pg_loss": 2.0}, step=2)
         assert logger.pending == 2

@@ -1,4 +1,4 @@
-"""flows/mlflow_process.py: the MLflow sink in a process of its own, against a SQLite store in tmp
+"""flows/sinks/mlflow_process.py: the MLflow sink in a process of its own, against a SQLite store in tmp
 and a tracking server that is down; the calling process never imports MLflow."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import mlflow.artifacts
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.metric_sinks import ResumedRun
-from flows.mlflow_logger import PENDING_FILE
-from flows.mlflow_process import MLflowProcessError, MLflowProcessSink
+from flows.sinks.fanout import ResumedRun
+from flows.sinks.mlflow_logger import PENDING_FILE
+from flows.sinks.mlflow_process import MLflowProcessError, MLflowProcessSink
 
 CONFIG = {
     "trainer": {"project_name": "proj", "experiment_name": "exp", "logger": ["mlflow"]},
@@ -102,12 +102,12 @@ def test_outage_warnings_reach_this_process_and_close_saves_the_pending(tmp_path
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     uri = f"http://127.0.0.1:{closed_port()}"
     sink = start(tmp_path, uri)
-    with caplog.at_level(logging.WARNING, logger="flows.mlflow_logger"):
+    with caplog.at_level(logging.WARNING, logger="flows.sinks.mlflow_logger"):
         for step in (1, 2):
             sink.log_metrics({"actor/pg_loss": step / 10}, step)
         sink.close("FINISHED")
     outage = [r for r in caplog.records if "unreachable" in r.getMessage()]
-    assert len(outage) >= 1 and outage[0].name == "flows.mlflow_logger"
+    assert len(outage) >= 1 and outage[0].name == "flows.sinks.mlflow_logger"
     assert outage[0].levelno == logging.WARNING
     rows = [json.loads(line) for line in (tmp_path / PENDING_FILE).read_text().splitlines()]
     assert [(r["key"], r["step"]) for r in rows] == [("actor/pg_loss", 1), ("actor/pg_loss", 2)]
@@ -154,7 +154,7 @@ def test_the_calling_process_never_imports_mlflow(tmp_path, store_uri):
     probe = textwrap.dedent(
         """
         import sys
-        from flows.mlflow_process import MLflowProcessSink
+        from flows.sinks.mlflow_process import MLflowProcessSink
         sink = MLflowProcessSink.start("proj", "probe", run_dir=sys.argv[1], tracking_uri=sys.argv[2])
         sink.set_tags({"k": "v"})
         sink.log_params({"a": {"b": 1}})
@@ -177,7 +177,7 @@ def test_the_process_started_ahead_is_taken_over_and_an_untaken_one_ends_at_exit
     probe = textwrap.dedent(
         """
         import sys
-        from flows import mlflow_process as mp
+        from flows.sinks import mlflow_process as mp
         mp.start_ahead()
         ahead = mp._ahead[0].popen.pid
         sink = mp.MLflowProcessSink.start(

@@ -9,10 +9,10 @@ import mlflow.artifacts
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.mlflow_logger import MLflowLogger
 from flows.rerun import MetricChange, branch_tags, diff_rows, log_branch_run
-from flows.run_identity import config_digest, run_info
-from flows.run_store import RunStore
+from flows.runs.identity import config_digest, run_info
+from flows.runs.store import RunStore
+from flows.sinks.mlflow_logger import MLflowLogger
 from stages.config import load_config
 
 INFO = {"step": 3, "from": "reward", "to": "advantage", "overrides": ["algorithm.gamma=0.9"]}

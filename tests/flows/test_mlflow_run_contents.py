@@ -19,7 +19,7 @@ import mlflow.artifacts
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.mlflow_logger import flatten_config, truncate_param
+from flows.sinks.mlflow_logger import flatten_config, truncate_param
 from flows.train import resolve_config, train
 from stages.metrics.catalog import describe_metric, find_metric_doc, step_metric_names
 from stages.metrics.naming import restore_metric_name, sanitize_metric_name

@@ -38,8 +38,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from flows.run_identity import CACHE_HITS, config_digest
-from flows.run_store import RunStore
+from flows.runs.identity import CACHE_HITS, config_digest
+from flows.runs.store import RunStore
 from flows.version import ppoflow_version
 from stages.engines.checkpoint import read_latest_step
 
@@ -145,7 +145,7 @@ def ppoflow(args: list[str], home: Path) -> Iterator[subprocess.Popen]:
     home.mkdir(parents=True, exist_ok=True)
     with open(home / f"{args[0]}.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", *args],
+            [sys.executable, "-m", "flows.cli.app", *args],
             cwd=home,
             env=child_env(home),
             stdout=log,
@@ -206,7 +206,7 @@ def steps_per_metric(client: MlflowClient, run_id: str) -> dict[str, list[int]]:
 def test_runs_resumes_and_branches_on_a_real_mlflow_server(
     tmp_path, make_demo_inputs, tiny_run_overrides, monkeypatch
 ):
-    from flows.cli import app
+    from flows.cli.app import app
     from flows.train import train
 
     for name, value in QUIET.items():

@@ -1,4 +1,4 @@
-"""Which MLflow store a run logs to (flows/mlflow_store.py), and several runs sharing one SQLite
+"""Which MLflow store a run logs to (flows/sinks/mlflow_store.py), and several runs sharing one SQLite
 file: created by two processes at once, a locked file treated as an outage."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 from mlflow.tracking import MlflowClient
 from sqlalchemy.exc import OperationalError
 
-from flows.metric_sinks import open_mlflow_sink
-from flows.mlflow_logger import MLflowLogger, is_transient
-from flows.mlflow_store import (
+from flows.sinks.fanout import open_mlflow_sink
+from flows.sinks.mlflow_logger import MLflowLogger, is_transient
+from flows.sinks.mlflow_store import (
     artifact_location,
     lock_file,
     select_tracking_uri,
@@ -98,7 +98,7 @@ def test_the_training_sink_logs_to_the_project_store(tmp_path, monkeypatch):
 WRITER = textwrap.dedent(
     """
     import sys
-    from flows.mlflow_logger import MLflowLogger
+    from flows.sinks.mlflow_logger import MLflowLogger
     with MLflowLogger("shared", sys.argv[2], tracking_uri=sys.argv[1], retry_interval_s=0) as log:
         for step in range(1, 31):
             log.log_metrics({f"m/{i}": float(step * i) for i in range(50)}, step)
@@ -164,7 +164,7 @@ def test_a_locked_sqlite_file_is_an_outage_and_the_metrics_follow(store_uri, cap
     logger = MLflowLogger("proj", "locked", tracking_uri=store_uri, retry_interval_s=0)
     locked = LockedStore(logger._client)
     logger._client, locked.locked = locked, True
-    with caplog.at_level(logging.WARNING, logger="flows.mlflow_logger"):
+    with caplog.at_level(logging.WARNING, logger="flows.sinks.mlflow_logger"):
         logger.log_metrics({"actor/pg_loss": 1.0}, step=1)
         logger.log_metrics({"actor/pg_loss": 2.0}, step=2)
     assert logger.pending == 2 and "Training continues" in caplog.text
@@ -206,7 +206,7 @@ def test_a_really_locked_sqlite_file_is_an_outage(tmp_path, caplog):
     blocker = sqlite3.connect(db, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
     try:
-        with caplog.at_level(logging.WARNING, logger="flows.mlflow_logger"):
+        with caplog.at_level(logging.WARNING, logger="flows.sinks.mlflow_logger"):
             logger.log_metrics({"actor/pg_loss": 1.0}, step=1)
         assert logger.pending == 1 and "database is locked" in caplog.text
     finally:

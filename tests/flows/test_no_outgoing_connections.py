@@ -1,4 +1,4 @@
-"""A training run tries to reach nothing beyond the machine (flows/offline.py).
+"""A training run tries to reach nothing beyond the machine (flows/process/offline.py).
 
 The run is ``ppoflow train`` in a subprocess with ``tests/flows/netlog`` on ``PYTHONPATH``: its
 ``sitecustomize`` records every socket connect / sendto / getaddrinfo of that process and of every
@@ -48,7 +48,7 @@ def test_training_makes_no_outgoing_connection(tmp_path, make_demo_inputs, tiny_
                      "TRANSFORMERS_OFFLINE", "DO_NOT_TRACK"):  # fmt: skip
         env.pop(variable, None)  # ppoflow itself must turn them off
     command = [
-        sys.executable, "-m", "flows.cli", "train", str(REPO / "configs" / "demo-cpu.yaml"),
+        sys.executable, "-m", "flows.cli.app", "train", str(REPO / "configs" / "demo-cpu.yaml"),
         *tiny_run_overrides(demo, tmp_path, 2, "trainer.logger=[console,mlflow]"),
         "--run-dir", str(tmp_path / "run"),
     ]  # fmt: skip

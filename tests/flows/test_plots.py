@@ -1,4 +1,4 @@
-"""flows.plots: which PNGs a history yields, which plots are skipped and why; and
+"""flows.sinks.plots: which PNGs a history yields, which plots are skipped and why; and
 MLflowLogger.log_plots, which queues the PNG bytes so an outage does not lose them."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 from mlflow.exceptions import MlflowException
 
-from flows.mlflow_logger import MLflowLogger
-from flows.plots import STEP, metric_series, write_run_plots
+from flows.sinks.mlflow_logger import MLflowLogger
+from flows.sinks.plots import STEP, metric_series, write_run_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -119,7 +119,7 @@ class ArtifactStore:
 
 def test_log_plots_survives_an_outage_and_sends_the_pngs_when_the_store_returns(monkeypatch):
     store = ArtifactStore()
-    monkeypatch.setattr("flows.mlflow_logger.MlflowClient", lambda tracking_uri: store)
+    monkeypatch.setattr("flows.sinks.mlflow_logger.MlflowClient", lambda tracking_uri: store)
     logger = MLflowLogger("proj", "plots", tracking_uri="sqlite:///unused.db", retry_interval_s=0)
     history = [{k: v for k, v in row.items() if k != "actor/ppo_kl"} for row in grpo_history()]
     report = logger.log_plots(history)
@@ -135,7 +135,7 @@ def test_log_plots_survives_an_outage_and_sends_the_pngs_when_the_store_returns(
 
 RENDERER_PROBE = """
 import sys
-from flows.plots import RENDERER_MODULES, preload_renderer
+from flows.sinks.plots import RENDERER_MODULES, preload_renderer
 before = [m for m in RENDERER_MODULES if m in sys.modules]
 preload_renderer().join(timeout=120)
 print(before, [m for m in RENDERER_MODULES if m not in sys.modules])
@@ -153,8 +153,8 @@ def test_preload_renderer_imports_matplotlib_in_its_thread_and_importing_plots_d
 
 def test_the_first_metrics_start_the_renderer_import_once(monkeypatch):
     started = []
-    monkeypatch.setattr("flows.mlflow_logger.MlflowClient", lambda tracking_uri: ArtifactStore())
-    monkeypatch.setattr("flows.mlflow_logger.preload_renderer", lambda: started.append(1) or 1)
+    monkeypatch.setattr("flows.sinks.mlflow_logger.MlflowClient", lambda tracking_uri: ArtifactStore())
+    monkeypatch.setattr("flows.sinks.mlflow_logger.preload_renderer", lambda: started.append(1) or 1)
     logger = MLflowLogger("proj", "plots", tracking_uri="sqlite:///unused.db", retry_interval_s=0)
     assert started == []
     logger.log_metrics({"a": 1.0}, step=1)

@@ -15,7 +15,7 @@ from prefect.logging.handlers import APILogHandler
 from prefect.runtime import flow_run
 from rich.console import Console
 
-from flows.progress import Progress
+from flows.sinks.progress import Progress
 from flows.step_flow import StepFlow
 
 STEP_1 = {"critic/score/mean": 0.5, "timing_s/step": 2.0, "actor/ppo_kl": 0.00123}
@@ -86,7 +86,7 @@ def _progress_in_a_flow() -> str:
 @pytest.fixture
 def run_logs_at_info():
     """Prefect's flow-run logger at INFO, its default (a ``ppoflow train`` test earlier in the
-    session leaves the parent "prefect" logger at WARNING: flows/cli_train.py)."""
+    session leaves the parent "prefect" logger at WARNING: flows/cli/train.py)."""
     logger = logging.getLogger("prefect.flow_runs")
     saved = logger.level
     logger.setLevel(logging.INFO)

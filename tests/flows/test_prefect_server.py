@@ -1,4 +1,4 @@
-"""Prefect's temporary server started ahead by the command line (flows/prefect_server.py): when it
+"""Prefect's temporary server started ahead by the command line (flows/process/prefect_server.py): when it
 is started, that a flow runs against it, that it is gone after the process exits, and its
 failures as one line."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flows import prefect_server
-from flows.prefect_server import (
+from flows.process import prefect_server
+from flows.process.prefect_server import (
     OWN_SERVER,
     WARM_UP,
     TemporaryServer,
@@ -75,7 +75,7 @@ def test_ahead_only_where_prefect_would_start_a_temporary_server(
 
 
 def test_the_servers_own_url_is_not_a_configured_server(monkeypatch):
-    from flows.cli_train import has_prefect_server
+    from flows.cli.train import has_prefect_server
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     monkeypatch.setenv(OWN_SERVER, "http://127.0.0.1:9/api")
@@ -179,7 +179,7 @@ def lines(path: Path) -> list[str]:
 
 RUN_A_FLOW = """
 import os, sys
-from flows.prefect_server import start_ahead, started_ahead
+from flows.process.prefect_server import start_ahead, started_ahead
 server = start_ahead()
 assert server is not None and started_ahead() is server
 print(server.process.pid, flush=True)
@@ -224,7 +224,7 @@ def running(pid: int) -> bool:
 def test_flow_runs_send_no_heartbeats_only_to_the_servers_own(monkeypatch):
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
-    from flows.prefect_server import own_server_settings
+    from flows.process.prefect_server import own_server_settings
 
     prefects = PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value(), PREFECT_API_URL.value()
     with own_server_settings():  # no server started ahead: Prefect's settings stand
@@ -279,7 +279,7 @@ EXIT_HANDLERS_RUN = """
 import atexit, sys
 atexit.register(lambda: print("handler ran", flush=True))
 sys.argv = ["ppoflow", "--version"]
-from flows.entry import main
+from flows.cli.entry import main
 main()
 """
 

@@ -9,9 +9,9 @@ from prefect.client.schemas.actions import ArtifactCreate
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.runtime import flow_run
 
-from flows.run_store import StageRecord
+from flows.runs.store import StageRecord
+from flows.sinks.step_report import flow_run_tag, publish_step_report, report_key, step_markdown
 from flows.step_flow import StepFlow
-from flows.step_report import flow_run_tag, publish_step_report, report_key, step_markdown
 
 RECORDS = [
     StageRecord("rollout", "ran", "cache miss", timing_s=1.25),

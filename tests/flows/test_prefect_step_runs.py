@@ -13,7 +13,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 from prefect.runtime import flow_run, task_run
 
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.step_flow import StepFlow, run_step
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

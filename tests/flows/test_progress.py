@@ -1,4 +1,4 @@
-"""flows.progress: one line per step off a terminal, a rich bar on one, always closed at the end."""
+"""flows.sinks.progress: one line per step off a terminal, a rich bar on one, always closed at the end."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from io import StringIO
 
 from rich.console import Console
 
-from flows.progress import Progress
+from flows.sinks.progress import Progress
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

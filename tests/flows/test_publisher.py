@@ -1,4 +1,4 @@
-"""flows.publisher: calls run in order on one background thread, errors surface, context carries."""
+"""flows.sinks.publisher: calls run in order on one background thread, errors surface, context carries."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from flows.publisher import Publisher
+from flows.sinks.publisher import Publisher
 
 LABEL = contextvars.ContextVar("label", default="unset")
 

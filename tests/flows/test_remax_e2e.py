@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from dataproto.artifact import load_artifact
 from flows.rerun import rerun
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.train import train
 from stages.data.tokenizer import load_tokenizer
 from stages.metrics.catalog import step_metric_names

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from flows.cli.app import app
 from flows.rerun import rerun
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.train import train
 from stages.engines import roles
 

@@ -13,7 +13,7 @@ from flows.rerun import (
     parent_step,
     stage_window,
 )
-from flows.run_store import RunStore, StepJournal
+from flows.runs.store import RunStore, StepJournal
 
 
 def test_window_reuses_every_stage_before_from():

@@ -35,7 +35,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from dataproto.artifact import load_artifact
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from stages.engines.checkpoint import checkpoint_dir, read_latest_step
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ def train_command(
     return [
         sys.executable,
         "-m",
-        "flows.cli",
+        "flows.cli.app",
         "train",
         str(REPO / "configs" / "demo-cpu.yaml"),
         *tiny_run_overrides(

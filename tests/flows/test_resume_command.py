@@ -11,11 +11,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flows import cli_resume
-from flows.checkpoints import save_run_checkpoint, tracking_state
-from flows.cli_resume import open_resumable, resume_config, started_in, working_directory
-from flows.run_identity import run_info
-from flows.run_store import RUN_INFO_REQUIRED, RunStore
+from flows.cli import resume as cli_resume
+from flows.cli.resume import open_resumable, resume_config, started_in, working_directory
+from flows.runs.checkpoints import save_run_checkpoint, tracking_state
+from flows.runs.identity import run_info
+from flows.runs.store import RUN_INFO_REQUIRED, RunStore
 from stages.config import load_config
 
 KEEP_ALL = SimpleNamespace(max_actor_ckpt_to_keep=None, max_critic_ckpt_to_keep=None)

@@ -1,6 +1,6 @@
 """What a run records about itself for a resume: run_info.json (RunStore), the checkpoint's run
-entry and step metrics (flows/checkpoints.py), the history a resume replays and the identity
-helpers (flows/run_identity.py). No training: journals and checkpoints are written by hand."""
+entry and step metrics (flows/runs/checkpoints.py), the history a resume replays and the identity
+helpers (flows/runs/identity.py). No training: journals and checkpoints are written by hand."""
 
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from flows.checkpoints import (
+from flows.runs.checkpoints import (
     checkpoint_metrics,
     checkpoint_run,
     read_run_state,
     save_run_checkpoint,
     tracking_state,
 )
-from flows.metric_sinks import MetricSinks
-from flows.run_identity import (
+from flows.runs.identity import (
     CACHE_HITS,
     cache_hits,
     config_digest,
@@ -28,7 +27,8 @@ from flows.run_identity import (
     run_info,
     run_tags,
 )
-from flows.run_store import RUN_INFO_FILE, RunStore, StageRecord, StepJournal
+from flows.runs.store import RUN_INFO_FILE, RunStore, StageRecord, StepJournal
+from flows.sinks.fanout import MetricSinks
 from flows.version import ppoflow_version
 from stages.config import load_config
 from stages.engines.checkpoint import read_latest_step
@@ -90,9 +90,9 @@ def test_tags_name_the_version_run_dir_digest_and_resume(monkeypatch):
     assert tags["ppoflow.run_dir"] == "/runs/r" and tags["ppoflow.version"] == ppoflow_version()
     assert tags["ppoflow.config_digest"] == config_digest({"a": 1})
     assert "ppoflow.resumed_from_step" not in tags
-    monkeypatch.setattr("flows.run_identity.source_commit", lambda: None)  # an installed wheel
+    monkeypatch.setattr("flows.runs.identity.source_commit", lambda: None)  # an installed wheel
     assert "ppoflow.commit" not in run_tags({}, "/r")
-    monkeypatch.setattr("flows.run_identity.source_commit", lambda: "1a2b3c4d5e6f")
+    monkeypatch.setattr("flows.runs.identity.source_commit", lambda: "1a2b3c4d5e6f")
     assert run_tags({}, "/r", 5)["ppoflow.commit"] == "1a2b3c4d5e6f"
     assert run_tags({}, "/r", 5)["ppoflow.resumed_from_step"] == "5"
 

@@ -1,4 +1,4 @@
-"""Artifact retention (flows/retention.py): which steps keep their artifacts, what a pruned step
+"""Artifact retention (flows/runs/retention.py): which steps keep their artifacts, what a pruned step
 leaves, and what reading one says; the end-to-end training is slow."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import torch
 
 from dataproto import DataProto
 from dataproto.artifact import save_artifact
-from flows.cache_records import REFS_DIR
+from flows.cache.records import REFS_DIR
 from flows.rerun import parent_step
-from flows.retention import Retention, RetentionPolicy, kept_steps, protected_steps, prune_step
-from flows.run_report import RunReportError, run_table, stage_text, step_text
-from flows.run_store import RunStore, StageRecord, StepJournal
+from flows.runs.report import RunReportError, run_table, stage_text, step_text
+from flows.runs.retention import Retention, RetentionPolicy, kept_steps, protected_steps, prune_step
+from flows.runs.store import RunStore, StageRecord, StepJournal
 from stages.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def test_a_setting_below_one_is_refused(key):
 
 def write_step(store: RunStore, step: int) -> StepJournal:
     """Step ``step``: an input and a ``reward`` artifact, a done journal, the stage's cache
-    record and reference (as flows/cache_records.py lays them out)."""
+    record and reference (as flows/cache/records.py lays them out)."""
     batch = DataProto.from_dict({"x": torch.arange(8.0).reshape(4, 2) + step})
     source = save_artifact(batch, store.input_path(step), stage="input")
     delta = save_artifact(batch, store.artifact_path(step, "reward"), stage="reward")
@@ -158,9 +158,9 @@ def test_an_unreadable_branch_note_pauses_retention_with_one_warning(run, tmp_pa
         ["ppoflow.artifacts.keep_last=1", f"trainer.default_local_dir={tmp_path}/ckpt"],
     )
     retention = Retention.open(run, cfg)
-    with caplog.at_level(logging.WARNING, logger="flows.retention"):
+    with caplog.at_level(logging.WARNING, logger="flows.runs.retention"):
         assert retention.after_step(5) == [] and retention.after_step(5) == []
-    warnings = [r.getMessage() for r in caplog.records if r.name == "flows.retention"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "flows.runs.retention"]
     assert len(warnings) == 1 and f"{notes}/x.json: unreadable branch note" in warnings[0]
     assert all((Path(run.root) / f"step_{k}" / "input").is_dir() for k in range(1, 6))
 
@@ -240,10 +240,10 @@ def test_a_step_that_cannot_be_deleted_is_one_warning_and_tried_again(run, tmp_p
         return real(store, step)
 
     monkeypatch.setattr(RunStore, "remove_step_artifacts", refused)
-    with caplog.at_level(logging.WARNING, logger="flows.retention"):
+    with caplog.at_level(logging.WARNING, logger="flows.runs.retention"):
         assert retention.after_step(5) == [2, 4]  # 1 is step one; 3 refused
         assert retention.after_step(5) == []
-    warnings = [r.getMessage() for r in caplog.records if r.name == "flows.retention"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "flows.runs.retention"]
     assert (
         len(warnings) == 1 and "could not prune step 3 ([Errno 13] Permission denied" in warnings[0]
     )

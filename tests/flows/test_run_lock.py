@@ -1,4 +1,4 @@
-"""The run directory's lock (flows/run_lock.py) and what a training does with it."""
+"""The run directory's lock (flows/runs/lock.py) and what a training does with it."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app as ppoflow_app
-from flows.run_lock import LOCK_FILE, RunDirInUse, RunLock, lock_held, lock_run_dir
-from flows.run_store import RunStore
+from flows.cli.app import app as ppoflow_app
+from flows.runs.lock import LOCK_FILE, RunDirInUse, RunLock, lock_held, lock_run_dir
+from flows.runs.store import RunStore
 
 
 def test_a_second_lock_is_refused_naming_the_holder(tmp_path):
@@ -33,7 +33,7 @@ def test_a_second_lock_is_refused_naming_the_holder(tmp_path):
 def test_the_lock_dies_with_its_holder(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from flows.run_lock import RunLock; RunLock(sys.argv[1]); "
+         "import sys, time; from flows.runs.lock import RunLock; RunLock(sys.argv[1]); "
          "print('held', flush=True); time.sleep(600)", str(tmp_path)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -89,7 +89,7 @@ def test_temp_files_of_interrupted_writes_are_removed(tmp_path):
 
 
 def test_a_stop_signal_waits_for_the_end_of_a_deferred_block():
-    from flows.stop_signals import RunStopped, signals_deferred, stop_on_signals
+    from flows.process.stop_signals import RunStopped, signals_deferred, stop_on_signals
 
     reached = []
     with pytest.raises(RunStopped, match="SIGTERM"), stop_on_signals():

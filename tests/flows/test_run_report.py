@@ -25,9 +25,10 @@ from dataproto import DataProto
 from dataproto.artifact import ArtifactRef, save_artifact
 from dataproto.report import describe_artifact
 from dataproto.sample_batch import make_sample_batch
-from flows import cli_artifacts, run_report
-from flows.run_report import RunReportError, format_bytes
-from flows.run_store import RunStore, StageRecord, StepJournal, decode_metrics
+from flows.cli import artifacts as cli_artifacts
+from flows.runs import report as run_report
+from flows.runs.report import RunReportError, format_bytes
+from flows.runs.store import RunStore, StageRecord, StepJournal, decode_metrics
 
 runner = CliRunner()
 SKIP_REASON = "disabled: uses_critic(config) is False"

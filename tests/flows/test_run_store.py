@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dataproto.artifact import load_artifact
-from flows.run_store import (
+from flows.runs.store import (
     RunStore,
     StageRecord,
     StepJournal,

@@ -1,4 +1,4 @@
-"""Start-up bounds reach the libraries before they read their settings (flows/service_waits.py),
+"""Start-up bounds reach the libraries before they read their settings (flows/process/service_waits.py),
 a bound that is hit is one line naming its setting, and a training starts on a loaded machine."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import typer
 
-from flows.cli_train import fail_in_one_line
-from flows.service_waits import PREFECT_STARTUP
+from flows.cli.train import fail_in_one_line
+from flows.process.service_waits import PREFECT_STARTUP
 
 REPO = Path(__file__).resolve().parents[2]
 READ_TIMEOUT = (
-    "import flows; from prefect.settings import get_current_settings; "
+    "from flows.process.own_process import prepare_own_process; prepare_own_process(); "
+    "from prefect.settings import get_current_settings; "
     "print(get_current_settings().server.ephemeral.startup_timeout_seconds)"
 )
 
@@ -72,4 +73,4 @@ def test_training_starts_while_other_processes_load_every_core(
             hog.wait()
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert done.stdout.splitlines()[-1] == str(tmp_path / "run")
-    assert "(started ahead)" in done.stdout  # the `ppoflow` executable's path: flows/entry.py
+    assert "(started ahead)" in done.stdout  # the `ppoflow` executable's path: flows/cli/entry.py

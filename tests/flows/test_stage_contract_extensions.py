@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from dataproto import DataProto
-from flows.cache_keys import reordered_fingerprints, stage_cache_key
+from flows.cache.keys import reordered_fingerprints, stage_cache_key
 from flows.dag import plan_step
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.stage_task import check_delta, select_inputs
 from flows.step_flow import run_step
 from stages.stage import Stage, StageContext, meta, non_tensor, tensor

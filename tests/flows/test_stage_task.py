@@ -8,7 +8,7 @@ import torch
 
 from dataproto import DataProto
 from dataproto.artifact import ArtifactError, read_manifest
-from flows.cache_keys import stage_cache_key
+from flows.cache.keys import stage_cache_key
 from flows.stage_task import (
     check_delta,
     compute_stage,
@@ -119,7 +119,7 @@ def test_timer_names_follow_verl():
 
 
 def test_flow_records_parameter_summaries_not_tensors(tmp_path, toy_stages, toy_batch, toy_ctx):
-    from flows.run_store import RunStore
+    from flows.runs.store import RunStore
 
     summary = run_step.serialize_parameters(
         {

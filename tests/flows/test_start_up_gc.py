@@ -1,4 +1,4 @@
-"""flows/start_up_gc.py: the cyclic collector off while a process starts, on again with the
+"""flows/process/start_up_gc.py: the cyclic collector off while a process starts, on again with the
 start-up's objects frozen — in the trainer (the first step), in Prefect's server (its app built)
 and in the MLflow process (its logger built)."""
 
@@ -12,9 +12,10 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from flows import mlflow_process, start_up_gc
-from flows.prefect_server import create_app
-from flows.startup import Startup
+from flows.process import start_up_gc
+from flows.process.prefect_server import create_app
+from flows.process.startup import Startup
+from flows.sinks import mlflow_process
 
 
 @pytest.fixture(autouse=True)

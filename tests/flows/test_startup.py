@@ -1,4 +1,4 @@
-"""Start-up output (flows/startup.py): ppoflow's phase lines on the terminal, the libraries' output
+"""Start-up output (flows/process/startup.py): ppoflow's phase lines on the terminal, the libraries' output
 in the run's log file until the first step, ppoflow's own warnings kept on the terminal."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows import cli_train
-from flows.cli import app as ppoflow_app
-from flows.cli_config import config_messages
-from flows.startup import (
+from flows.cli import train as cli_train
+from flows.cli.app import app as ppoflow_app
+from flows.cli.config import config_messages
+from flows.process.startup import (
     OutputToFile,
     Startup,
     current_startup,
@@ -199,7 +199,7 @@ def test_a_failed_start_from_the_command_line_shows_the_phase_then_one_error(
          "--run-dir", str(tmp_path / "run")],
     )  # fmt: skip
     assert result.exit_code == 1
-    # the test's Prefect server keeps the run loggers on (flows/cli_train.py quiet_prefect), so
+    # the test's Prefect server keeps the run loggers on (flows/cli/train.py quiet_prefect), so
     # Prefect's own error lines and traceback come in between here
     lines = result.output.splitlines()
     expected = [
@@ -235,8 +235,7 @@ class AheadServer:
 def started_ahead_as(monkeypatch, fails: bool = False) -> AheadServer:
     from prefect.settings import PREFECT_API_URL
 
-    from flows import prefect_server
-
+    from flows.process import prefect_server
     server = AheadServer(PREFECT_API_URL.value(), fails)
     monkeypatch.setattr(prefect_server, "_started", [server])
     return server
@@ -275,7 +274,7 @@ def test_a_flow_run_that_cannot_start_closes_the_run_opened_ahead(
 ):
     import mlflow
 
-    from flows.run_lock import lock_run_dir
+    from flows.runs.lock import lock_run_dir
 
     demo = make_demo_inputs(tmp_path / "demo")
     started_ahead_as(monkeypatch, fails=True)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dataproto.artifact import load_artifact, read_manifest
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.step_flow import run_step
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

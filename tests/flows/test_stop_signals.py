@@ -1,4 +1,4 @@
-"""flows/stop_signals.py: which errors are a stop signal's, and the exit status and line they get."""
+"""flows/process/stop_signals.py: which errors are a stop signal's, and the exit status and line they get."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 import pytest
 from prefect.exceptions import TerminationSignal
 
-from flows.stop_signals import RunStopped, exit_code, is_stop, stop_line
+from flows.process.stop_signals import RunStopped, exit_code, is_stop, stop_line
 
 
 def raised_while_handling(stop: BaseException) -> BaseException:

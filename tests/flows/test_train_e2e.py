@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 
 from dataproto.artifact import load_artifact
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.train import train
 from stages.metrics.naming import sanitize_metric_name
 

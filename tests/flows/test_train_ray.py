@@ -21,7 +21,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from flows.engines import check_backend, ray_init_options
-from flows.run_store import RunStore
+from flows.runs.store import RunStore
 from flows.train import train
 from stages.config import load_config
 from stages.metrics.naming import sanitize_metric_name
@@ -109,7 +109,6 @@ def test_ray_is_sized_for_every_role_group(monkeypatch):
 
 def test_the_gpu_count_is_that_of_the_role_groups(monkeypatch):
     from flows import engines
-
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(engines.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(engines.torch.cuda, "device_count", lambda: 2)

@@ -1,6 +1,7 @@
-"""stages/skipped_imports.py: after ``import stages``, a causal-LM class imports neither
+"""stages/skipped_imports.py: in a process prepared as the ``ppoflow`` executable prepares its own
+(flows/process/own_process.py), a causal-LM class imports neither
 scikit-learn nor SciPy, and ``import deepspeed`` does not import MLflow; all three stay
-importable. Each case runs in a fresh interpreter, since the answers are cached for the process."""
+importable; ``import stages`` alone changes nothing. Each case runs in a fresh interpreter, since the answers are cached for the process."""
 
 from __future__ import annotations
 
@@ -47,8 +48,11 @@ def probe(first: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_after_stages_the_libraries_skip_those_imports_and_the_packages_still_import():
-    seen = probe("import stages")
+PREPARED = "from flows.process.own_process import prepare_own_process; prepare_own_process()"
+
+
+def test_in_a_prepared_process_the_libraries_skip_those_imports_and_the_packages_still_import():
+    seen = probe(PREPARED)
     assert seen == {
         "imported": [],
         "available": [False, False, False],
@@ -57,15 +61,16 @@ def test_after_stages_the_libraries_skip_those_imports_and_the_packages_still_im
     }
 
 
-def test_without_stages_the_libraries_import_them():
-    # the baseline the hook changes: plain transformers and DeepSpeed import all three
-    seen = probe("pass")
+def test_without_the_preparation_the_libraries_import_them():
+    # the baseline the hook changes: plain transformers and DeepSpeed import all three, also
+    # after importing ppoflow's packages (importing them changes nothing)
+    seen = probe("import dataproto, stages, flows")
     assert seen["imported"] == ["mlflow", "scipy", "sklearn"]
     assert seen["available"] == [True, True, True]
 
 
 def test_a_package_already_imported_is_left_alone():
-    seen = probe("import mlflow, sklearn, scipy, stages")
+    seen = probe("import mlflow, sklearn, scipy; " + PREPARED)
     assert seen["imported"] == ["mlflow", "scipy", "sklearn"]
     assert seen["available"] == [True, True, True] and seen["importable_after"] == [
         True,

@@ -20,7 +20,7 @@ Points (``<stage>`` is a stage name of flows/step_flow.py, e.g. ``rollout``, ``u
                            (``dataproto.artifact_store.Store.commit``)
 ``checkpoint.actor``       ``save_engine_checkpoint`` returned for the actor (its folder is in
 ``checkpoint.critic``      place), resp. the critic
-``checkpoint.state``       ``data/state.json`` is written (``flows.checkpoints._write_json``)
+``checkpoint.state``       ``data/state.json`` is written (``flows.runs.checkpoints._write_json``)
 ``checkpoint.manifest``    the step's manifest is written (``write_step_manifest``)
 ``checkpoint.tracker``     ``latest_checkpointed_iteration.txt`` is written (``write_latest_step``)
 ``checkpoint.saved``       ``save_run_checkpoint`` returned (old steps pruned)
@@ -31,7 +31,7 @@ Points (``<stage>`` is a stage name of flows/step_flow.py, e.g. ``rollout``, ``u
 =========================  ===================================================================
 
 A point of the main thread first waits for the publishing thread to finish the step it is
-sending (``flows.publisher.Publisher``), so what MLflow holds at the kill does not depend on
+sending (``flows.sinks.publisher.Publisher``), so what MLflow holds at the kill does not depend on
 thread timing: every step submitted before the kill is in the store. The ``publish.*`` points
 are the kills with a step's metrics unsent or just sent; there the main thread is wherever it got
 to (the publisher runs beside the next step).
@@ -214,9 +214,9 @@ PATCHES: dict[str, Callable[[Any], None]] = {
     "flows.stage_task": _patch_stage_task,
     "dataproto.artifact_store": _patch_artifact_store,
     "stages.engines.checkpoint": _patch_engine_checkpoint,
-    "flows.checkpoints": _patch_checkpoints,
-    "flows.mlflow_process": _patch_mlflow_sink,
-    "flows.publisher": _patch_publisher,
+    "flows.runs.checkpoints": _patch_checkpoints,
+    "flows.sinks.mlflow_process": _patch_mlflow_sink,
+    "flows.sinks.publisher": _patch_publisher,
 }
 
 

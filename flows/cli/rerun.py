@@ -1,0 +1,80 @@
+"""``ppoflow rerun RUN_DIR --step K --from STAGE [--to STAGE] [key=value …] [--run-dir NEW]``.
+
+Recomputes stages of one past step into a new run directory (flows/rerun.py), prints which
+stages ran, were cached or reused, and the metric diff against the original; the last line
+printed is the new run directory. Exit status: 0 on success; 2 for a bad config or argument; 1
+for any other failure, with a one-line error on stderr.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flows.cli.train import VerboseOption, config_messages, fail_in_one_line, quiet_prefect
+from stages.config import ConfigError
+
+# flows.rerun (the engines, torch, Prefect) is imported by the command, not by the command line
+
+
+def describe(result) -> str:
+    """The stages' statuses, the engines built and the metric diff (a ``flows.rerun.RerunResult``),
+    as printed by the command."""
+    from flows.rerun import format_diff
+
+    lines = [f"re-run of step {result.step} of {result.parent_dir}"]
+    for record in result.result.records:
+        lines.append(f"  {record.stage:<14} {record.status:<8} {record.reason}")
+    built = ", ".join(result.engines_built) or "none"
+    lines.append(f"engines built: {built}")
+    lines.append(format_diff(result.changes, result.unchanged))
+    return "\n".join(lines)
+
+
+def rerun_command(
+    run_dir: Annotated[str, typer.Argument(help="The run directory to branch from (read only).")],
+    step: Annotated[int, typer.Option("--step", help="The global step K to re-run.")],
+    from_stage: Annotated[
+        str,
+        typer.Option(
+            "--from", help="First stage to recompute (rollout … metrics; a wrong name lists them)."
+        ),
+    ],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="key.path=value overrides of the run's config, values parsed as YAML"),
+    ] = None,
+    to_stage: Annotated[
+        str | None, typer.Option("--to", help="Last stage to run (default: metrics, the end).")
+    ] = None,
+    new_run_dir: Annotated[
+        str | None,
+        typer.Option("--run-dir", help="New run directory; default <RUN_DIR>-rerun-step<K>-…"),
+    ] = None,
+    refresh: Annotated[
+        bool, typer.Option("--refresh", help="Recompute even the stages whose cache still holds")
+    ] = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Recompute stages of a past step into a new run dir and diff its metrics; the last line
+    printed is the new run directory."""
+    from flows.rerun import rerun
+
+    with quiet_prefect(verbose), config_messages():
+        try:
+            result = rerun(
+                run_dir, step, from_stage, to_stage, overrides or [], new_run_dir, refresh
+            )
+        except Exception as err:
+            raise fail_in_one_line(err, verbose, usage_errors=(ValueError, ConfigError)) from None
+    typer.echo(describe(result))
+    typer.echo(result.run_dir)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``rerun`` command to the ``ppoflow`` app."""
+    app.command("rerun")(rerun_command)
+
+
+__all__ = ["describe", "register", "rerun_command"]

@@ -1,0 +1,577 @@
+"""MLflow logging for a training run that an unreachable tracking server never stops.
+
+* Experiment = ``trainer.project_name``, run name = ``trainer.experiment_name``; with
+  ``MLFLOW_RUN_ID`` set (or ``run_id=``) the logger attaches to that run instead of creating one
+  (and leaves its status to its owner). Two runs that create the experiment at once both use it.
+* Tracking URI: the ``tracking_uri`` argument, else ``MLFLOW_TRACKING_URI``, else a SQLite file
+  in ``run_dir``. The training flow always passes the store of flows/sinks/mlflow_store.py (config key,
+  env var, else the project store ``<ppoflow.artifact_dir>/mlflow.db``, artifacts in
+  ``<ppoflow.artifact_dir>/mlflow-artifacts``); a local SQLite file is created under a lock, so
+  runs starting together do not race MLflow's schema migrations.
+* Continuing a run (:meth:`MLflowLogger.continue_run`, a training resumed from a checkpoint):
+  the run the checkpoint recorded, when it is in this logger's store, is marked ``RUNNING`` again
+  and gets the rest of the steps; otherwise a new run starts. Either way the run's history is
+  made whole and kept free of repeats: the steps it already holds (read back from the history of
+  ``training/global_step``) are not logged again, and the checkpoint's journaled steps it lacks
+  are replayed — so a step whose metrics a ``kill -9`` lost, or one the killed process had logged
+  after its last checkpoint, is in the history exactly once (the first values logged stay).
+  Params it already holds are not logged again; params whose value changed on resume cannot be
+  (MLflow forbids it): they are listed in the tag ``ppoflow.changed_params``, and the resumed
+  config is the artifact ``config_resumed_step_<N>.json``.
+* Params: the resolved config flattened to dotted keys; a value longer than MLflow's limit
+  (6000 characters) is truncated with a note saying so, and the full config is logged as the
+  artifact ``config.json``.
+* Metrics: one ``log_batch`` per step (20× faster than one call per metric on SQLite), with
+  ``step=global_step``. Names are sanitized one-to-one (stages/metrics/naming.py); the mapping
+  sanitized → original is the artifact ``metric_names.json`` and each metric's description
+  (stages/metrics/catalog.py, flows/runs/identity.py) is ``metric_descriptions.json``, rewritten when new names appear,
+  together with the run description (tag ``mlflow.note.content``, flows/sinks/run_description.py): a
+  header from the run's tags (:meth:`MLflowLogger.set_tags`) and a table of what each logged
+  metric measures and its denominator.
+* Tables: :meth:`MLflowLogger.log_table` logs rows with ``MlflowClient.log_table`` (MLflow's
+  table artifact, which the UI renders as a table); a file the run already holds is not logged
+  again (``log_table`` would append to it), so a resumed run does not repeat a table.
+* Plots: :meth:`MLflowLogger.log_plots` renders the end-of-run reward / response length / KL
+  plots (flows/sinks/plots.py) and logs them as ``plots/<name>.png``; the first :meth:`log_metrics`
+  starts importing the renderer in a background thread (``plots.preload_renderer``), so the
+  plots after the last step do not wait for matplotlib's import.
+* Outages: every call goes through a queue. When the server cannot be reached (connection
+  refused, timeout, 5xx, a locked SQLite file) the entry stays queued, one warning is logged for
+  the outage, and the queue is retried at the next call once ``retry_interval_s`` has passed
+  (and at :meth:`close`). Metrics keep the timestamp and step of the moment they were logged.
+  Whatever is still queued at close is written to ``<run_dir>/mlflow_pending.jsonl`` with a
+  warning. Errors the server reports about the request itself (a bad name, a changed param)
+  are raised: they are bugs, not outages.
+
+HTTP stores: MLflow reads its retry and timeout settings from the environment on every request,
+with defaults (7 retries with backoff, 120 s timeout) that would stall a training step for
+minutes. For ``http(s)`` URIs the logger sets ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=0`` and
+``MLFLOW_HTTP_REQUEST_TIMEOUT=5`` unless the user has set them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import posixpath
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import (
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAM_VAL_LENGTH,
+    MAX_PARAMS_TAGS_PER_BATCH,
+    MAX_TAG_VAL_LENGTH,
+)
+
+from flows.jsonable import jsonable
+from flows.sinks.mlflow_store import artifact_location, creation_lock, default_tracking_uri
+from flows.sinks.plots import PlotReport, preload_renderer, write_run_plots
+from flows.sinks.run_description import NOTE_TAG, describe, description_markdown
+from stages.metrics.naming import restore_metric_name, sanitize_metric_name
+
+if TYPE_CHECKING:
+    from flows.sinks.contract import ResumedRun
+
+log = logging.getLogger(__name__)
+
+NAMES_ARTIFACT = "metric_names.json"
+DESCRIPTIONS_ARTIFACT = "metric_descriptions.json"
+CONFIG_ARTIFACT = "config.json"
+PENDING_FILE = "mlflow_pending.jsonl"
+PLOTS_ARTIFACT_DIR = "plots"
+#: the metric whose history says which steps a run holds (every training step logs it)
+STEP_METRIC = "training/global_step"
+CHANGED_PARAMS_TAG = "ppoflow.changed_params"
+TRANSIENT_ERROR_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"}
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+def flatten_config(config: Any) -> dict[str, str]:
+    """The config as ``{dotted key: value text}``; lists and scalars as JSON text.
+
+    >>> flatten_config({"a": {"b": 1, "c": [1, 2]}, "d": None, "e": "x"})
+    {'a.b': '1', 'a.c': '[1, 2]', 'd': 'null', 'e': 'x'}
+    """
+    flat: dict[str, str] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, Mapping) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+        else:
+            flat[prefix] = node if isinstance(node, str) else json.dumps(node)
+
+    walk(jsonable(config, "config"), "")
+    return flat
+
+
+def truncate_param(value: str, limit: int = MAX_PARAM_VAL_LENGTH) -> str:
+    """``value`` cut to ``limit`` characters, ending with a note giving the full length.
+
+    >>> truncate_param("x" * 70, limit=60)
+    'xxxxxxxxxxxxxxxx… [truncated from 70 chars; see config.json]'
+    """
+    if len(value) <= limit:
+        return value
+    note = f"… [truncated from {len(value)} chars; see {CONFIG_ARTIFACT}]"
+    return (value[: max(limit - len(note), 0)] + note)[:limit]
+
+
+def truncate_tag(value: str, limit: int = MAX_TAG_VAL_LENGTH) -> str:
+    """``value`` cut to MLflow's tag length limit, ending with ``…`` when cut.
+
+    >>> truncate_tag("abcdef", limit=4)
+    'abc…'
+    """
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` means "the store is unreachable now" (queue and retry later)."""
+    if isinstance(error, MlflowException):
+        return error.error_code in TRANSIENT_ERROR_CODES
+    if isinstance(error, ConnectionError | TimeoutError):
+        return True
+    from requests import RequestException
+    from sqlalchemy.exc import OperationalError
+
+    return isinstance(error, RequestException | OperationalError)
+
+
+def changed_params_text(changed: Mapping[str, tuple[str, str]]) -> str:
+    """The ``ppoflow.changed_params`` tag: one ``key: old → new`` line per changed param.
+
+    >>> print(changed_params_text({"trainer.total_training_steps": ("4", "6")}))
+    trainer.total_training_steps: 4 → 6
+    """
+    return "\n".join(f"{key}: {old} → {new}" for key, (old, new) in sorted(changed.items()))
+
+
+def table_columns(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Rows as columns (every key of any row, in first-seen order; a missing cell is None).
+
+    >>> table_columns([{"step": 1, "output": "a"}, {"step": 1, "score": 0.5}])
+    {'step': [1, 1], 'output': ['a', None], 'score': [None, 0.5]}
+    """
+    rows = list(rows)
+    names = dict.fromkeys(name for row in rows for name in row)
+    return {name: [row.get(name) for row in rows] for name in names}
+
+
+class MLflowLogger:
+    """Logs one training run to MLflow (module docstring); use as a context manager or call close.
+
+    Args:
+        project: experiment name (``trainer.project_name``).
+        experiment: run name (``trainer.experiment_name``).
+        run_dir: the run directory; holds the pending-metrics file, and the SQLite store when
+            neither ``tracking_uri`` nor ``MLFLOW_TRACKING_URI`` names one.
+        tracking_uri: overrides ``MLFLOW_TRACKING_URI`` and the default.
+        run_id: attach to this run (default: ``MLFLOW_RUN_ID`` when set).
+        retry_interval_s: how long to wait after a failure before the next attempt.
+        deferred: create (or attach to) the run at the first call instead of now, so that
+            :meth:`continue_run` can name an existing run first.
+    """
+
+    def __init__(
+        self,
+        project: str,
+        experiment: str,
+        *,
+        run_dir: str | os.PathLike | None = None,
+        tracking_uri: str | None = None,
+        run_id: str | None = None,
+        retry_interval_s: float = 30.0,
+        deferred: bool = False,
+    ) -> None:
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            if run_dir is None:
+                raise ValueError("MLflowLogger needs run_dir, tracking_uri or MLFLOW_TRACKING_URI")
+            uri = default_tracking_uri(run_dir)
+        if uri.startswith(("http://", "https://")):
+            for name, value in HTTP_DEFAULTS.items():
+                os.environ.setdefault(name, value)
+        self.project, self.experiment, self.tracking_uri = project, experiment, uri
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or None
+        self._owns_run = self.run_id is None
+        self._attached = False
+        with creation_lock(uri):  # building the client creates a missing SQLite store
+            self._client = MlflowClient(tracking_uri=uri)
+        self._queue: list[tuple[str, Any]] = []
+        self._names: dict[str, str] = {}  # sanitized → original
+        self._names_dirty = False
+        self._tags: dict[str, str] = {}
+        self._params: dict[str, str] | None = None  # the run's params, read when continuing
+        self._held_steps: set[int] = set()  # steps a continued run holds: not logged again
+        self._resumed_step: int | None = None
+        self._continuing = False  # run_id came from a checkpoint (continue_run)
+        self._retry_interval_s = retry_interval_s
+        self._next_attempt = 0.0
+        self._in_outage = False
+        self._renderer_import: threading.Thread | None = None  # started by the first metrics
+        if not deferred:
+            self._drain(force=True)
+
+    # --- public API ---
+
+    @property
+    def pending(self) -> int:
+        """Number of queued metric values (0 when everything reached the store)."""
+        return sum(len(item) for kind, item in self._queue if kind == "metrics")
+
+    def continue_run(self, resumed: ResumedRun) -> None:
+        """Continue the run a checkpoint recorded, or fill a new run's history (module docstring).
+
+        Call it on a ``deferred`` logger before anything else: then the recorded run, when it
+        is in this store, becomes this logger's run (owned: marked RUNNING now, FINISHED or
+        FAILED at :meth:`close`). On a logger whose run exists already it only replays. The
+        history is read and the missing steps replayed on the queue, so an outage delays them
+        like any other call.
+        """
+        same_store = resumed.mlflow_tracking_uri == self.tracking_uri
+        if self.run_id is None and resumed.mlflow_run_id and same_store:
+            self.run_id, self._owns_run, self._continuing = resumed.mlflow_run_id, True, True
+        elif resumed.mlflow_run_id:
+            log.info(
+                "MLflow: the checkpoint's run %s is in %s, this run logs to %s: a new run gets "
+                "its steps 1–%d replayed",
+                resumed.mlflow_run_id,
+                resumed.mlflow_tracking_uri,
+                self.tracking_uri,
+                resumed.step,
+            )
+        self._resumed_step = resumed.step
+        history = {int(k): dict(v) for k, v in resumed.history.items()}
+        self._queue.append(("call", lambda rid: self._catch_up(rid, history)))
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Set run tags (values cut to MLflow's 8000 characters); they also head the run's
+        description, which is rewritten."""
+        self._tags.update({str(k): str(v) for k, v in tags.items()})
+        batch = [RunTag(key, truncate_tag(value)) for key, value in self._tags.items()]
+        self._queue.append(("call", lambda rid: self._client.log_batch(rid, tags=batch)))
+        self._names_dirty = True
+        self._drain()
+
+    def log_params(self, config: Any) -> None:
+        """Log the flattened config as params (truncated with a note) and ``config.json``
+        (module docstring: a continued run's changed params)."""
+        params = {key: truncate_param(value) for key, value in flatten_config(config).items()}
+        data = jsonable(config, "config")
+        self._queue.append(("call", lambda rid: self._send_params(rid, params, data)))
+        self._drain()
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Log ``metrics`` at ``step`` (one ``log_batch``); names sanitized one-to-one."""
+        if self._renderer_import is None:
+            self._renderer_import = preload_renderer()
+        now = int(time.time() * 1000)
+        entries = []
+        for name, value in metrics.items():
+            safe = sanitize_metric_name(name)
+            if safe not in self._names:
+                self._names[safe] = name
+                self._names_dirty = True
+            entries.append(Metric(safe, float(value), now, int(step)))
+        self._queue.append(("metrics", entries))
+        self._drain()
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        """Log JSON data as an artifact file."""
+        self._queue.append(("call", lambda rid: self._client.log_dict(rid, data, artifact_file)))
+        self._drain()
+
+    def log_table(self, rows: list[Mapping[str, Any]], artifact_file: str) -> None:
+        """Log rows as MLflow's table artifact ``artifact_file`` (``.json``), unless the run
+        already holds that file (module docstring)."""
+        columns = table_columns(rows)
+        self._queue.append(("call", lambda rid: self._send_table(rid, columns, artifact_file)))
+        self._drain()
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self._queue.append(("call", lambda rid: self._client.log_text(rid, text, artifact_file)))
+        self._drain()
+
+    def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Log a local file (a PNG plot, a table) as an artifact."""
+        path = os.fspath(local_path)
+        self._queue.append(
+            ("call", lambda rid: self._client.log_artifact(rid, path, artifact_path))
+        )
+        self._drain()
+
+    def log_plots(self, history: list[Mapping[str, float]]) -> PlotReport:
+        """Render the run's plots from its metric history and log each as ``plots/<file>``.
+
+        ``history`` is one metrics dict per step with ``training/global_step``
+        (flows/sinks/plots.py). The PNG bytes, not the temporary files, are queued, so plots made
+        during an outage are still sent when the store returns. Returns the plots report
+        (written and skipped with the reason; each skip is also logged at INFO).
+        """
+        with tempfile.TemporaryDirectory(prefix="ppoflow-plots-") as tmp:
+            report = write_run_plots(history, tmp)
+            for name, path in report.written.items():
+                data = path.read_bytes()
+                self._queue.append(
+                    (
+                        "call",
+                        lambda rid, n=name, d=data: self._upload(rid, n, d, PLOTS_ARTIFACT_DIR),
+                    )
+                )
+        for name, reason in report.skipped.items():
+            log.info("MLflow: plot %s not made: %s", name, reason)
+        self._drain()
+        return report
+
+    def warm_up(self) -> None:
+        """One read-only request (the experiment by name), so that the store's lazy set-up on its
+        first query (SQLAlchemy configures its mappers: about 0.2 s on 2 cores) is paid now, not
+        by the first call that logs. An unreachable store is left for that call to report."""
+        try:
+            self._client.get_experiment_by_name(self.project)
+        except Exception as err:
+            if not is_transient(err):
+                raise
+
+    def flush(self) -> bool:
+        """Try to send everything queued now; True when nothing is left."""
+        self._drain(force=True)
+        return not self._queue and not self._names_dirty
+
+    def close(self, status: str = "FINISHED") -> None:
+        """Flush, save what could not be sent, and end the run (only a run this logger created
+        or continued)."""
+        if self.flush() and self._owns_run and self.run_id is not None:
+            try:
+                self._client.set_terminated(self.run_id, status)
+            except Exception as err:
+                if not is_transient(err):
+                    raise
+                log.warning("MLflow: could not mark run %s %s: %s", self.run_id, status, err)
+        self._save_pending()
+
+    def __enter__(self) -> MLflowLogger:
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        self.close("FAILED" if exc_type is not None else "FINISHED")
+
+    # --- the run ---
+
+    def _ensure_run(self) -> str:
+        if self.run_id is not None and not self._attached:
+            if self._continuing:
+                self.run_id = self._continuable(self.run_id)
+            else:
+                self._client.get_run(self.run_id)  # attach: the run must exist
+            self._attached = True
+        if self.run_id is None:
+            self.run_id = self._create_run()
+            self._attached = True
+        return self.run_id
+
+    def _continuable(self, run_id: str) -> str | None:
+        """``run_id`` when the store still has it (not deleted), else None (a new run)."""
+        try:
+            run = self._client.get_run(run_id)
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            run = None
+        if run is not None and run.info.lifecycle_stage != "deleted":
+            return run_id
+        log.warning(
+            "MLflow: the checkpoint's run %s is not in %s (deleted?); a new run continues it",
+            run_id,
+            self.tracking_uri,
+        )
+        self._continuing = False
+        return None
+
+    def _create_run(self) -> str:
+        found = self._client.get_experiment_by_name(self.project)
+        if found is None:
+            try:
+                self._client.create_experiment(
+                    self.project, artifact_location=artifact_location(self.tracking_uri)
+                )
+            except MlflowException as err:  # another run created it a moment ago
+                if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            found = self._client.get_experiment_by_name(self.project)
+        return self._client.create_run(found.experiment_id, run_name=self.experiment).info.run_id
+
+    def _catch_up(self, run_id: str, history: dict[int, dict[str, float]]) -> None:
+        """Mark a continued run RUNNING, read what it holds, replay the steps it lacks."""
+        run = self._client.get_run(run_id)
+        if self._owns_run and run.info.status != "RUNNING":
+            self._client.update_run(run_id, status="RUNNING")
+        self._params = dict(run.data.params)
+        for safe in run.data.metrics:
+            self._names.setdefault(safe, restore_metric_name(safe))
+        held = {point.step for point in self._client.get_metric_history(run_id, STEP_METRIC)}
+        missing = [step for step in sorted(history) if step not in held]
+        for step in missing:
+            now = int(time.time() * 1000)
+            entries = []
+            for name, value in history[step].items():
+                safe = sanitize_metric_name(name)
+                self._names.setdefault(safe, name)
+                entries.append(Metric(safe, float(value), now, step))
+            for start in range(0, len(entries), MAX_METRICS_PER_BATCH):
+                chunk = entries[start : start + MAX_METRICS_PER_BATCH]
+                self._client.log_batch(run_id, metrics=chunk)
+        self._held_steps = held | set(missing)
+        self._names_dirty = True
+        log.info(
+            "MLflow: run %s continues after step %s; it held %d steps, %d replayed from the "
+            "journals (%s)",
+            run_id,
+            self._resumed_step,
+            len(held),
+            len(missing),
+            missing or "none",
+        )
+
+    def _send_params(self, run_id: str, params: dict[str, str], config: Any) -> None:
+        known = self._params or {}
+        new = [Param(key, value) for key, value in params.items() if key not in known]
+        changed = {
+            key: (known[key], value)
+            for key, value in params.items()
+            if key in known and known[key] != value
+        }
+        for start in range(0, len(new), MAX_PARAMS_TAGS_PER_BATCH):
+            self._client.log_batch(run_id, params=new[start : start + MAX_PARAMS_TAGS_PER_BATCH])
+        if changed:
+            self._client.set_tag(
+                run_id, CHANGED_PARAMS_TAG, truncate_tag(changed_params_text(changed))
+            )
+        artifact = CONFIG_ARTIFACT
+        if self._continuing:
+            artifact = f"config_resumed_step_{self._resumed_step}.json"
+        self._client.log_dict(run_id, config, artifact)
+
+    def _send_table(self, run_id: str, columns: dict[str, list[Any]], artifact_file: str) -> None:
+        folder = posixpath.dirname(artifact_file) or None
+        if any(item.path == artifact_file for item in self._client.list_artifacts(run_id, folder)):
+            log.info("MLflow: run %s holds %s already; not logged again", run_id, artifact_file)
+            return
+        self._client.log_table(run_id, data=columns, artifact_file=artifact_file)
+
+    # --- the queue ---
+
+    def _next_batch(self) -> tuple[str, Callable[[str], Any], int]:
+        """(kind, operation, queue entries it covers); consecutive metric entries are merged,
+        and a step a continued run holds already is left out."""
+        kind, item = self._queue[0]
+        if kind == "call":
+            return kind, item, 1
+        merged, used = [], 0
+        for next_kind, entries in self._queue:
+            if next_kind != "metrics" or len(merged) + len(entries) > MAX_METRICS_PER_BATCH:
+                break
+            merged += entries
+            used += 1
+        if used == 0:  # one entry larger than a batch: send it in parts
+            merged, used = entries, 1
+
+        def send(rid: str) -> None:
+            fresh = [metric for metric in merged if metric.step not in self._held_steps]
+            for start in range(0, len(fresh), MAX_METRICS_PER_BATCH):
+                self._client.log_batch(rid, metrics=fresh[start : start + MAX_METRICS_PER_BATCH])
+
+        return kind, send, used
+
+    def _drain(self, force: bool = False) -> None:
+        if not force and time.monotonic() < self._next_attempt:
+            return
+        try:
+            run_id = self._ensure_run()
+            while self._queue:
+                _, operation, used = self._next_batch()
+                operation(run_id)
+                del self._queue[:used]
+            if self._names_dirty:
+                self._log_descriptions(run_id)
+        except Exception as err:
+            if not is_transient(err):
+                raise
+            self._next_attempt = time.monotonic() + self._retry_interval_s
+            if not self._in_outage:
+                log.warning(
+                    "MLflow at %s is unreachable (%s); buffering metrics and retrying every "
+                    "%.0f s. Training continues.",
+                    self.tracking_uri,
+                    err,
+                    self._retry_interval_s,
+                )
+            self._in_outage = True
+            return
+        if self._in_outage:
+            log.info("MLflow at %s is reachable again; buffered data sent", self.tracking_uri)
+        self._in_outage = False
+
+    def _upload(self, run_id: str, file_name: str, data: bytes, artifact_path: str) -> None:
+        """Log ``data`` as the artifact ``<artifact_path>/<file_name>`` (via a temporary file)."""
+        with tempfile.TemporaryDirectory(prefix="ppoflow-artifact-") as tmp:
+            path = Path(tmp) / file_name
+            path.write_bytes(data)
+            self._client.log_artifact(run_id, str(path), artifact_path)
+
+    def _log_descriptions(self, run_id: str) -> None:
+        """The name mapping, each name's description and the run description (module doc)."""
+        descriptions = {name: describe(name) for name in self._names.values()}
+        self._client.log_dict(run_id, dict(sorted(self._names.items())), NAMES_ARTIFACT)
+        self._client.log_dict(run_id, dict(sorted(descriptions.items())), DESCRIPTIONS_ARTIFACT)
+        note = description_markdown(self._names.values(), self._tags, self.experiment)
+        self._client.set_tag(run_id, NOTE_TAG, note)
+        self._names_dirty = False
+
+    def _save_pending(self) -> None:
+        lost = [entry for kind, entries in self._queue if kind == "metrics" for entry in entries]
+        others = sum(1 for kind, _ in self._queue if kind == "call")
+        if not lost and not others:
+            return
+        where = "nowhere (no run_dir)"
+        if self.run_dir is not None and lost:
+            target = self.run_dir / PENDING_FILE
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("a", encoding="utf-8") as out:
+                for metric in lost:
+                    value = metric.value if math.isfinite(metric.value) else repr(metric.value)
+                    row = {"key": self._names.get(metric.key, metric.key), "value": value}
+                    out.write(
+                        json.dumps({**row, "step": metric.step, "ts": metric.timestamp}) + "\n"
+                    )
+            where = str(target)
+        self._queue.clear()
+        log.warning(
+            "MLflow at %s stayed unreachable: %d metric values saved to %s, %d other "
+            "calls (params, artifacts) not sent",
+            self.tracking_uri,
+            len(lost),
+            where,
+            others,
+        )
+
+
+__all__ = [
+    "MLflowLogger",
+    "default_tracking_uri",
+    "flatten_config",
+    "is_transient",
+    "truncate_param",
+]
