@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataproto import DataProto
 from dataproto import keys as K
 from stages.algos.aggregation import agg_loss
-from stages.engine_calls import call_engine
-from stages.stage import Stage, StageContext, meta, tensor
+from stages.engine_calls import engine_inputs, run_engine, tensor_delta
+from stages.stage import Stage, StageContext, tensor
 
 
 def is_bypass(config) -> bool:
@@ -32,7 +32,7 @@ def old_log_prob_fn(batch: DataProto, ctx: StageContext) -> DataProto:
     """requires: the rollout's tensors and meta temperature; produces: old_log_probs (B, R)."""
     if is_bypass(ctx.config):
         return DataProto.from_dict({K.OLD_LOG_PROBS: batch.batch[K.ROLLOUT_LOG_PROBS].clone()})
-    out, metrics = call_engine(ctx, "actor", "compute_log_prob", batch)
+    out = run_engine(ctx, "actor", "compute_log_prob", batch)
     actor = ctx.config.actor_rollout_ref.actor
     entropy = agg_loss(
         out.batch[K.ENTROPYS],  # (B, R)
@@ -40,23 +40,14 @@ def old_log_prob_fn(batch: DataProto, ctx: StageContext) -> DataProto:
         actor.loss_agg_mode,
         loss_scale_factor=actor.loss_scale_factor,
     )
-    ctx.metrics.update(metrics)
     ctx.metrics["actor/entropy"] = float(entropy)
-    return DataProto.from_dict({K.OLD_LOG_PROBS: out.batch[K.OLD_LOG_PROBS]})
+    return tensor_delta(out, K.OLD_LOG_PROBS)
 
 
 OLD_LOG_PROB_STAGE = Stage(
     name="old_log_prob",
     version=1,
-    requires=(
-        tensor(K.INPUT_IDS),
-        tensor(K.ATTENTION_MASK),
-        tensor(K.POSITION_IDS),
-        tensor(K.RESPONSES),
-        tensor(K.RESPONSE_MASK),
-        tensor(K.ROLLOUT_LOG_PROBS),
-        meta(K.TEMPERATURE),
-    ),
+    requires=engine_inputs(K.RESPONSE_MASK, K.ROLLOUT_LOG_PROBS, temperature=True),
     produces=(tensor(K.OLD_LOG_PROBS),),
     fn=old_log_prob_fn,
     config_keys=(

@@ -9,31 +9,24 @@ from __future__ import annotations
 
 from dataproto import DataProto
 from dataproto import keys as K
-from stages.engine_calls import call_engine
-from stages.stage import Stage, StageContext, meta, tensor
+from stages.engine_calls import engine_delta, engine_inputs
+from stages.stage import Stage, StageContext, tensor
 
 
 def ref_log_prob_fn(batch: DataProto, ctx: StageContext) -> DataProto:
     """requires: the rollout's sequences; produces: ref_log_prob (B, R)."""
-    out, metrics = call_engine(ctx, "ref", "compute_ref_log_prob", batch)
-    ctx.metrics.update(metrics)
-    return DataProto.from_dict({K.REF_LOG_PROB: out.batch[K.REF_LOG_PROB]})
+    return engine_delta(ctx, "ref", "compute_ref_log_prob", batch, K.REF_LOG_PROB)
 
 
 def uses_reference_policy(config) -> bool:
+    """``derived.use_reference_policy``: ``algorithm.use_kl_in_reward`` or ``actor.use_kl_loss``."""
     return bool(config.derived.use_reference_policy)
 
 
 REF_LOG_PROB_STAGE = Stage(
     name="ref_log_prob",
     version=1,
-    requires=(
-        tensor(K.INPUT_IDS),
-        tensor(K.ATTENTION_MASK),
-        tensor(K.POSITION_IDS),
-        tensor(K.RESPONSES),
-        meta(K.TEMPERATURE),
-    ),
+    requires=engine_inputs(temperature=True),
     produces=(tensor(K.REF_LOG_PROB),),
     fn=ref_log_prob_fn,
     when=uses_reference_policy,

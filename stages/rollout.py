@@ -38,7 +38,7 @@ from torch import Tensor
 from dataproto import DataProto
 from dataproto import keys as K
 from stages.algos.advantages import ADV_ESTIMATORS
-from stages.engine_calls import call_engine
+from stages.engine_calls import run_engine
 from stages.stage import DerivedKey, Stage, StageContext, non_tensor, step_seed, tensor
 
 #: the rollout's output keys (what the engine returns and the stage keeps)
@@ -76,7 +76,7 @@ def sampling_seed(ctx: StageContext) -> int:
 def rollout_fn(batch: DataProto, ctx: StageContext) -> DataProto:
     """requires: prompt_* (B, P); produces: :data:`ROLLOUT_KEYS`. Sampling is seeded per step
     (:func:`sampling_seed`)."""
-    out, metrics = call_engine(
+    out = run_engine(
         ctx,
         "actor",
         "generate_sequences",
@@ -84,7 +84,6 @@ def rollout_fn(batch: DataProto, ctx: StageContext) -> DataProto:
         validate=False,
         seed=sampling_seed(ctx),
     )
-    ctx.metrics.update(metrics)
     missing = [key for key in ROLLOUT_KEYS if key not in out.batch]
     if missing:
         raise KeyError(
@@ -212,10 +211,7 @@ def baseline_rollout_fn(batch: DataProto, ctx: StageContext) -> DataProto:
     greedy_input = DataProto(
         batch=prompts.batch[first_rows], non_tensor_batch={}, meta_info={}
     )  # (G, P)
-    out, metrics = call_engine(
-        ctx, "actor", "generate_sequences", greedy_input, validate=False, greedy=True
-    )
-    ctx.metrics.update(metrics)
+    out = run_engine(ctx, "actor", "generate_sequences", greedy_input, validate=False, greedy=True)
     if len(out) != len(first_rows):
         raise ValueError(
             f"the actor's greedy generate_sequences returned {len(out)} rows for "

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataproto import DataProto
 from dataproto import keys as K
-from stages.engine_calls import call_engine
-from stages.stage import Stage, StageContext, meta, tensor
+from stages.engine_calls import engine_delta, engine_inputs
+from stages.stage import Stage, StageContext, tensor
 
 
 def update_actor_fn(batch: DataProto, ctx: StageContext) -> DataProto:
@@ -26,9 +26,7 @@ def update_actor_fn(batch: DataProto, ctx: StageContext) -> DataProto:
             "actor.use_kl_loss needs 'ref_log_prob' in the batch (the ref_log_prob stage); "
             "the batch lacks it"
         )
-    _, metrics = call_engine(ctx, "actor", "update_actor", batch)
-    ctx.metrics.update(metrics)
-    return DataProto(batch=None, non_tensor_batch={}, meta_info={})
+    return engine_delta(ctx, "actor", "update_actor", batch)
 
 
 def after_critic_warmup(config, step: int) -> bool:
@@ -39,16 +37,7 @@ def after_critic_warmup(config, step: int) -> bool:
 UPDATE_ACTOR_STAGE = Stage(
     name="update_actor",
     version=1,
-    requires=(
-        tensor(K.INPUT_IDS),
-        tensor(K.ATTENTION_MASK),
-        tensor(K.POSITION_IDS),
-        tensor(K.RESPONSES),
-        tensor(K.RESPONSE_MASK),
-        tensor(K.OLD_LOG_PROBS),
-        tensor(K.ADVANTAGES),
-        meta(K.TEMPERATURE),
-    ),
+    requires=engine_inputs(K.RESPONSE_MASK, K.OLD_LOG_PROBS, K.ADVANTAGES, temperature=True),
     produces=(),
     fn=update_actor_fn,
     when=after_critic_warmup,

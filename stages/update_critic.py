@@ -10,30 +10,20 @@ from __future__ import annotations
 
 from dataproto import DataProto
 from dataproto import keys as K
-from stages.engine_calls import call_engine
-from stages.stage import Stage, StageContext, tensor
+from stages.engine_calls import engine_delta, engine_inputs
+from stages.stage import Stage, StageContext
 from stages.values import uses_critic
 
 
 def update_critic_fn(batch: DataProto, ctx: StageContext) -> DataProto:
     """One critic update on the step batch; returns an empty delta."""
-    _, metrics = call_engine(ctx, "critic", "update_critic", batch)
-    ctx.metrics.update(metrics)
-    return DataProto(batch=None, non_tensor_batch={}, meta_info={})
+    return engine_delta(ctx, "critic", "update_critic", batch)
 
 
 UPDATE_CRITIC_STAGE = Stage(
     name="update_critic",
     version=1,
-    requires=(
-        tensor(K.INPUT_IDS),
-        tensor(K.ATTENTION_MASK),
-        tensor(K.POSITION_IDS),
-        tensor(K.RESPONSES),
-        tensor(K.RESPONSE_MASK),
-        tensor(K.VALUES),
-        tensor(K.RETURNS),
-    ),
+    requires=engine_inputs(K.RESPONSE_MASK, K.VALUES, K.RETURNS),
     produces=(),
     fn=update_critic_fn,
     when=uses_critic,

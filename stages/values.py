@@ -9,30 +9,25 @@ from __future__ import annotations
 
 from dataproto import DataProto
 from dataproto import keys as K
-from stages.engine_calls import call_engine
+from stages.engine_calls import engine_delta, engine_inputs
 from stages.stage import Stage, StageContext, tensor
 
 
 def values_fn(batch: DataProto, ctx: StageContext) -> DataProto:
     """requires: the rollout's sequences; produces: values (B, R)."""
-    out, metrics = call_engine(ctx, "critic", "compute_values", batch)
-    ctx.metrics.update(metrics)
-    return DataProto.from_dict({K.VALUES: out.batch[K.VALUES]})
+    return engine_delta(ctx, "critic", "compute_values", batch, K.VALUES)
 
 
 def uses_critic(config) -> bool:
+    """Whether the run has a critic (``derived.use_critic``: ``critic.enable`` when set, else
+    whether the estimator's registry entry needs values); values and update_critic run only then."""
     return bool(config.derived.use_critic)
 
 
 VALUES_STAGE = Stage(
     name="values",
     version=1,
-    requires=(
-        tensor(K.INPUT_IDS),
-        tensor(K.ATTENTION_MASK),
-        tensor(K.POSITION_IDS),
-        tensor(K.RESPONSES),
-    ),
+    requires=engine_inputs(),
     produces=(tensor(K.VALUES),),
     fn=values_fn,
     when=uses_critic,
