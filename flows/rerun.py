@@ -76,7 +76,7 @@ from stages.ppo import PPO_STAGES
 from stages.reward.stage import LOOP_ENGINE, MODEL_ENGINE
 from stages.stage import Stage, StageContext
 
-#: the flow-computed last stage of the ARCHITECTURE table (data, timing, throughput metrics)
+#: the flow-computed last stage of the stage table (docs/architecture.md) (data, timing, throughput metrics)
 METRICS_STAGE = "metrics"
 STAGE_NAMES: tuple[str, ...] = (*(stage.name for stage in PPO_STAGES), METRICS_STAGE)
 #: metric name prefixes that differ between any two runs of the same work (wall time, including
@@ -96,7 +96,7 @@ UNCOMPARED = (CACHE_HITS,)
 
 
 def check_stage_name(name: str, option: str) -> str:
-    """``name`` if it is a stage of the ARCHITECTURE table, else a ValueError listing them."""
+    """``name`` if it is a stage of the stage table (docs/architecture.md), else a ValueError listing them."""
     if name not in STAGE_NAMES:
         raise ValueError(f"{option} {name!r} is not a stage; stages are {list(STAGE_NAMES)}")
     return name

@@ -1,4 +1,4 @@
-"""The PPO step: every stage in run order (ARCHITECTURE.md's table) and the step's input batch.
+"""The PPO step: every stage in run order (the stage table of docs/architecture.md) and the step's input batch.
 
 ``PPO_STAGES`` is what the step flow plans from: each stage's ``when`` decides whether it runs
 for a config (and step), its ``requires`` / ``produces`` are checked before any work. Stage 10

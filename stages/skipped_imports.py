@@ -3,19 +3,19 @@
 A library module of :data:`SKIPS` finds some installed packages "not installed" while it runs,
 and for the availability checks it caches. MLflow installs scikit-learn and SciPy, which
 transformers then imports; DeepSpeed imports MLflow, which ppoflow's training process leaves to
-its MLflow process (flows/sinks/mlflow_process.py). On a 2-core machine:
+its MLflow process (flows/sinks/mlflow_process.py). The figures are in bench/README.md:
 
 * ``transformers.utils.import_utils``: every causal-LM class imports
   ``transformers.generation.candidate_generator`` (through ``GenerationMixin``), which runs
   ``from sklearn.metrics import roc_curve`` when ``is_sklearn_available()`` (scikit-learn, SciPy's
-  statistics and pandas: 1.4–1.7 s of a run's start), used only to tune assisted (speculative)
+  statistics and pandas: the largest part of a run's start after torch), used only to tune assisted (speculative)
   generation; and ``transformers.loss.loss_utils`` (through ``modeling_utils``), whose
   object-detection losses run ``from scipy.optimize import linear_sum_assignment`` when
-  ``is_scipy_available()`` (0.15 s), used only for the Hungarian matching of DETR-like models.
+  ``is_scipy_available()``, used only for the Hungarian matching of DETR-like models.
   Both checks are ``lru_cache``d, so they are asked once right after the module runs, with the
   packages hidden, and transformers keeps the answers for the process.
 * ``deepspeed.autotuning.autotuner``, imported by ``import deepspeed``, runs ``import mlflow``
-  to report DeepSpeed's own autotuning experiments (0.6–0.9 s); ppoflow never runs DeepSpeed's
+  to report DeepSpeed's own autotuning experiments; ppoflow never runs DeepSpeed's
   autotuner. It finds MLflow absent (``has_mlflow`` False).
 
 :func:`install` adds a finder to ``sys.meta_path``. When a module of :data:`SKIPS` is imported,

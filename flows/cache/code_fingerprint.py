@@ -25,8 +25,8 @@ message changes nothing.
 The fingerprint is ``sha256("ppoflow-code-v1" | for each file, sorted: name \\t BLAKE3(bytes))``
 where ``name`` is the file's path relative to the directory holding its top-level package
 (``stages/algos/advantages_group.py``), so a copied checkout with the same files gives the same
-fingerprint. The closure is found once per process (about 0.1 s for the PPO stages on the 2-core
-CPU) and the files are hashed once per process, so the per-step cost is a dictionary lookup.
+fingerprint. The closure is found once per process and the files are hashed once per process,
+so the per-step cost is a dictionary lookup.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def _imported_names(source: str, module: str, is_package: bool) -> set[str]:
     r"""Module names ``source`` imports (``import a.b``, ``from .x import y`` with ``y`` maybe a
     submodule; relative imports resolved against ``module``) or names in a quoted string.
 
-    A scan of the text, not a parse (a parse of every module costs ~0.4 s per process): an
+    A scan of the text, not a parse (parsing every module would cost more than the scan): an
     import line inside a docstring counts too, which can only add files to the closure.
 
     >>> sorted(_imported_names("from . import b\nimport c.d as e\nT = {'x': 'f.g'}", "p.a", False))

@@ -17,8 +17,8 @@ def main() -> None:
     """``ppoflow …`` (pyproject's console script).
 
     The interpreter's last act is a garbage collection over every object left (torch,
-    transformers, Prefect, MLflow: 1.7–2 s on 2 cores after a demo training, after its last
-    line). Registered first, so it runs after every other exit handler (Prefect's last logs,
+    transformers, Prefect, MLflow: seconds after a demo training, after its last line).
+    Registered first, so it runs after every other exit handler (Prefect's last logs,
     MLflow's run end, the temporary server's stop), :func:`gc.freeze` moves those objects out of
     the collector's reach, so the process ends without that pass; objects are still released
     by their reference counts.

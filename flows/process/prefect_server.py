@@ -2,10 +2,10 @@
 
 Without a configured server (``PREFECT_API_URL``) Prefect starts a temporary one the first time a
 flow needs its API: the calling process imports Prefect's whole server package (FastAPI, the
-database layer, every route: about 7 s of CPU on a 2-core machine) only to launch
+database layer, every route: seconds of CPU) only to launch
 ``python -m uvicorn --factory prefect.server.api.server:create_app`` in a subprocess, then waits
 for the subprocess to import the same package, migrate its database and answer ``/api/health``.
-Both happen before the flow's first line, one after the other: about 14 s of a demo run's start.
+Both happen before the flow's first line, one after the other (bench/README.md has the figures).
 
 ``ppoflow train`` and ``ppoflow resume`` launch that same server command first
 (:func:`start_ahead`), before torch, transformers or Prefect are imported, and point this process
@@ -56,7 +56,7 @@ PORT_TAKEN = 3
 #: how long :meth:`TemporaryServer.stop` waits for a graceful exit before it kills
 STOP_GRACE_S = 5.0
 #: read-only requests sent once the server is healthy: the first API calls after its start do
-#: lazy set-up (the database engine, the routes' models), about 1 s on a 2-core machine that the
+#: lazy set-up (the database engine, the routes' models) that the
 #: flow run's first calls (the API-version check, creating the flow) would otherwise wait for
 WARM_UP = (
     ("GET", "/admin/version", None),
@@ -305,7 +305,7 @@ def own_server_settings() -> Iterator[None]:
     port taken meanwhile moves it, after Prefect read ``PREFECT_API_URL``), and send it no
     heartbeats. A heartbeat lets a lasting server mark a run that stopped answering as crashed;
     this server ends with the process, so nobody reads them, and the end of each flow run waits
-    for the heartbeat thread's 1 s sleep (about 0.5 s at the end of a training). With a
+    for the heartbeat thread's 1 s sleep. With a
     configured server, or Prefect's own temporary one, Prefect's settings stand."""
     server = started_ahead()
     if server is None:

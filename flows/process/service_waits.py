@@ -12,7 +12,7 @@ variable                                            ppoflow  the library's own d
 ==================================================  =======  ==========================
 
 Prefect's temporary server creates its database on its first start and answers its health check
-only then: on a loaded 2-core machine that took longer than 20 s. The reward workers wait up to
+only then, which on a loaded machine can take longer than Prefect's own 20 s. The reward workers wait up to
 ``reward.startup_timeout_s`` (a config key, default 60 s) for the scorer's import. When a bound
 is hit the run stops with one line naming the setting (:func:`explain_startup_timeout`).
 """

@@ -4,9 +4,8 @@ start-up's objects.
 Importing the stack (torch; tensordict, which imports torch's compiler and SymPy; Prefect;
 transformers; DeepSpeed) allocates about 600,000 objects that live as long as the process.
 CPython's collector runs a full pass over every tracked object each time the long-lived ones
-have grown by a quarter, so during the imports it scans a growing heap again and again: on
-this 2-core machine those imports take 5.5–6.6 s with the collector on and 4.1–4.2 s with it
-off. They leave about 14,000 objects of cyclic garbage (a few MiB) that a pass would free.
+have grown by a quarter, so during the imports it scans a growing heap again and again (a
+quarter to a third of the imports' time; bench/README.md has the figures). They leave about 14,000 objects of cyclic garbage (a few MiB) that a pass would free.
 
 :func:`pause` turns the collector off (the ``ppoflow`` executable calls it first thing for a
 training command); :func:`resume` turns it back on once the run is open (the first step),

@@ -1,6 +1,6 @@
 """Run checkpoints every ``trainer.save_freq`` steps: engines, data position, KL controller.
 
-Layout (verl's, SPEC §6) under ``trainer.default_local_dir``::
+Layout (verl's) under ``trainer.default_local_dir``::
 
     global_step_<N>/actor/        the actor engine (stages/engines/checkpoint.py: weights,
     global_step_<N>/critic/       optimizer, lr schedule, RNG states), critic when in use

@@ -337,7 +337,7 @@ class MLflowLogger:
 
     def warm_up(self) -> None:
         """One read-only request (the experiment by name), so that the store's lazy set-up on its
-        first query (SQLAlchemy configures its mappers: about 0.2 s on 2 cores) is paid now, not
+        first query (SQLAlchemy configures its mappers) is paid now, not
         by the first call that logs. An unreachable store is left for that call to report."""
         try:
             self._client.get_experiment_by_name(self.project)

@@ -5,8 +5,8 @@ builds a deferred :class:`~flows.sinks.mlflow_logger.MLflowLogger` (its run is c
 call) and opens its store; a store that does not exist yet is created at the first call instead,
 so a run whose start fails leaves no new store (:func:`builds_ahead`). The training flow starts it
 when the run starts opening, before the model is read (``opens_ahead`` in
-stages/metrics/sinks.py), so that set-up — MLflow's imports and its SQLite store, about 1–1.5 s
-of one core on the 2-core machine — runs on the other core beside the model, data and engines
+stages/metrics/sinks.py), so that set-up — MLflow's imports and its SQLite store — runs on
+another core beside the model, data and engines
 phases; and each step's ``log_batch`` then runs there too, not on the training process's
 interpreter lock.
 
@@ -471,8 +471,8 @@ def _send_output_to(path: str) -> None:
 
 def _exit_now() -> None:
     """End the process without the interpreter's teardown: the logger is closed and every call
-    answered, and collecting MLflow's and matplotlib's objects takes about a second on 2 cores,
-    which the training process would wait for."""
+    answered, and collecting MLflow's and matplotlib's objects is a long pass that the training
+    process would wait for."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

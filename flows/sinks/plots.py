@@ -16,7 +16,7 @@ A plot none of whose metrics has a finite value in the history is skipped, and t
 why. NaN values (a statistic over an empty set) are left out of their series. Rendering uses
 matplotlib's Agg canvas on a ``Figure`` object, so no GUI backend or global pyplot state is used.
 
-matplotlib's import (about 0.5 s on a 2-core CPU) is the largest part of the plots' cost; a run
+matplotlib's import is the largest part of the plots' cost; a run
 starts it beside its training steps with :func:`preload_renderer`, so the plots made after the
 last step do not wait for it.
 """

@@ -186,7 +186,7 @@ def validate_record(
 def _read_parquet(path: str) -> Iterable[tuple[RowOrigin, dict[str, Any]]]:
     """The rows of one parquet file. Read with ``ParquetFile``, not ``read_table``: for a single
     file both give the same table, but ``read_table`` imports pyarrow's dataset layer and pandas
-    (0.3 s of a run's start on 2 cores)."""
+    (a noticeable part of a run's start)."""
     with fsspec.open(path, "rb") as handle:
         try:
             table = pq.ParquetFile(handle).read()

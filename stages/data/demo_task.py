@@ -38,7 +38,7 @@ Why this shape (RL with GRPO, n = 4, on a *randomly initialised* tiny model):
   `make_tiny_model`): with 64 prompts per step and lr 3e-4, validation score 0 → 0.29 within
   10 steps (the policy emits letters; a prompt-independent plateau), then prompt conditioning:
   acc 0.31 at step 120, 0.77 at step 170, 0.94 at step 200 (score 0.77: it rarely learns to
-  stop), about 3 minutes of one CPU core in that loop. With 16 prompts per step and lr 1e-3:
+  stop). With 16 prompts per step and lr 1e-3:
   acc 0.31 at step 160–200 (3 of 8 letters copied). With 16 prompts and lr 1e-4 only the
   plateau is reached: validation score 0 → 0.29 by step 10, acc at chance. The shipped
   configs/demo-cpu.yaml (64 prompts, lr 3e-4, one update per step, 200 steps) through

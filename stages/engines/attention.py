@@ -7,8 +7,7 @@ head between g query heads. transformers' ``sdpa`` attention gives torch's kerne
 on the CPU it copies every K/V head g times first (``repeat_kv``), for every layer at every step
 — the whole KV cache once per generated token. torch's CPU kernel takes the shared heads with a
 mask and gives the same output (equal in the tests). At the compute-bound size of
-bench/vs_trl.py (2-core CPU, 128 rows × 64 tokens) the copies were 18 % of a rollout's time, and
-without them the rollout took 1.05 s instead of 1.26 s.
+bench/vs_trl.py the copies were a sixth of a rollout's time (figures in bench/README.md).
 
 :func:`sdpa_attention` is transformers' ``sdpa_attention_forward`` except on the CPU with g > 1,
 where it calls ``torch.nn.functional.scaled_dot_product_attention`` with ``enable_gqa=True`` and

@@ -167,7 +167,7 @@ def extensions_dir(prefix: str = sys.prefix) -> Path:
     ``TORCH_EXTENSIONS_DIR`` says: ``~/.cache/torch_extensions/ppoflow-<name>-<8 hex of the
     prefix's sha256>``. torch's default directory is one per user, so two environments with
     different torch builds (a vLLM or a benchmark venv beside the main one) rebuild each other's
-    ops (23–173 s each time on 2 cores); one directory per environment builds each op once."""
+    ops (minutes each time); one directory per environment builds each op once."""
     tag = hashlib.sha256(str(Path(prefix).resolve()).encode()).hexdigest()[:8]
     return Path.home() / ".cache" / "torch_extensions" / f"ppoflow-{Path(prefix).name}-{tag}"
 
@@ -178,7 +178,7 @@ SHARED_MEMORY_OP = "deepspeed_shm_comm"
 
 @contextmanager
 def _shared_memory_op_for(world_size: int) -> Iterator[None]:
-    """DeepSpeed's communication backend builds (a 25–60 s JIT compile, once per environment) and
+    """DeepSpeed's communication backend builds (a JIT compile, once per environment) and
     loads :data:`SHARED_MEMORY_OP` for every world it starts, whatever its size. A world of one
     rank has no peer to share memory with, so while DeepSpeed starts it the op is marked
     incompatible in DeepSpeed's table of ops (``deepspeed.ops.__compatible_ops__``, probed once

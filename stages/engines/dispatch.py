@@ -4,7 +4,7 @@ Dispatch (verl's DP_COMPUTE_PROTO): pad the batch to a multiple of the rank coun
 from row 0 (``pad_dataproto_to_divisor``), cut it into d equal chunks in row order, run chunk k on
 rank k, concatenate the outputs in rank order and cut the padding off the end.
 
-Deliberate difference from verl (SPEC §5, difference 2): the duplicated rows travel flagged, as
+Deliberate difference from verl (docs/differences.md, difference 2): the duplicated rows travel flagged, as
 ``non_tensor_batch["is_pad"]`` — a (B + pad,) bool array, True exactly on the appended copies — so
 a worker can leave them out of its per-sample metrics. The flag column is added here and removed
 again when the outputs are collected; the caller never sees it.

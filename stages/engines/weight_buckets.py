@@ -27,9 +27,8 @@ from torch import Tensor
 
 NamedTensors = Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]
 
-#: bytes of tensor data per safetensors bucket: 64 MiB took a 100M-parameter sync across processes
-#: from 1.9 GiB of peak host memory to 0.3 GiB (512 MiB, more than that model, kept it at 1.9;
-#: bench/weight_sync.py)
+#: bytes of tensor data per safetensors bucket: a bucket smaller than the model bounds a sync's
+#: peak host memory (bench/weight_sync.py; figures in bench/README.md)
 DEFAULT_BUCKET_BYTES = 64 << 20
 
 

@@ -1,6 +1,6 @@
 """Per-step data metrics over the whole training batch (verl's ``compute_data_metrics``).
 
-Every key, with its denominator (fact sheet §3, SPEC §4):
+Every key, with its denominator (docs/metrics.md):
 
 - ``critic/score/{mean,max,min}``: Σ_t token_level_scores per row, over non-aborted rows.
 - ``critic/rewards/{mean,max,min}``: Σ_t token_level_rewards per row, over non-aborted rows.
@@ -19,7 +19,7 @@ A statistic over an empty set (every row aborted, an all-zero response_mask) is 
 error. Lengths come from the prompt / response slices of ``attention_mask`` (so multi-turn tool
 tokens count as response), or from ``prompt_length`` / ``response_length`` tensors when present.
 
-Deliberate difference 2 (SPEC §5): rows marked by the ``is_pad`` key (True on rows duplicated by
+Deliberate difference 2 (docs/differences.md): rows marked by the ``is_pad`` key (True on rows duplicated by
 ``pad_dataproto_to_divisor``) are dropped from *every* statistic above, including the row
 counts behind ratios, so padding never biases a metric. verl has no such key.
 """

@@ -1,4 +1,4 @@
-r"""One-to-one MLflow metric-name sanitizer (SPEC §5, deliberate difference 4).
+r"""One-to-one MLflow metric-name sanitizer (docs/differences.md, deliberate difference 4).
 
 MLflow (``mlflow/utils/validation.py``, 3.x) accepts a metric name only if
 

@@ -1,10 +1,10 @@
-"""Where a sequence's scalar score goes in the (B, R) ``rm_scores`` tensor (SPEC §3, §5.1).
+"""Where a sequence's scalar score goes in the (B, R) ``rm_scores`` tensor (docs/differences.md, difference 1).
 
 Row i's score sits at index ``L_i - 1``, its last valid response token, where
 ``L_i = attention_mask[i, -R:].sum()`` is the valid response length (responses are right-padded);
 every other position is 0, so ``rm_scores.sum(-1)`` gives the scores back.
 
-Difference from verl (SPEC §5.1): a row with ``L_i = 0`` (empty / aborted response) gets nothing
+Difference from verl (docs/differences.md, difference 1): a row with ``L_i = 0`` (empty / aborted response) gets nothing
 written; verl writes index -1, the last padding column, where the score leaks into computations
 that should only see valid tokens. Such a row is flagged aborted, and its score stays available
 per sample to whoever keeps the ``scores`` vector.

@@ -2,12 +2,12 @@
 
 The score of a row is the classifier's logit at its last valid token (prompt ‖ response, valid
 positions from ``attention_mask``). The batch is dispatched the way a worker group receives it
-(fact sheet §5): padded to a multiple of ``num_workers`` by repeating rows from row 0
+(verl 0.9.1's reward-model worker): padded to a multiple of ``num_workers`` by repeating rows from row 0
 (``pad_dataproto_to_divisor``), chunked into ``num_workers`` equal pieces, each scored,
 concatenated, and cut back to its length (``unpad_dataproto``). The scores are then placed by the
 same rule as every other score (``placement.assemble_rm_scores``).
 
-Difference from verl (SPEC §5.2): the duplicated padding rows carry ``is_pad = True`` (a
+Difference from verl (docs/differences.md, difference 2): the duplicated padding rows carry ``is_pad = True`` (a
 non-tensor key travelling with the chunks), and per-worker metrics count only rows with
 ``is_pad = False``, so the duplicates never bias a metric.
 """

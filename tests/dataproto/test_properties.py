@@ -1,4 +1,4 @@
-"""Hypothesis properties of DataProto row operations (STYLE.md, Testing: Properties).
+"""Hypothesis properties of DataProto row operations (row operations' laws).
 
 Generated batches have 1–12 rows, a tensor layer that may be absent, a non-tensor layer that may
 be empty, NaNs in float tensors, and object arrays of strings.

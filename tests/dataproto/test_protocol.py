@@ -1,4 +1,4 @@
-"""DataProto construction, invariants, indexing, selection and in-place mutation (fact sheet §1)."""
+"""DataProto construction, invariants, indexing, selection and in-place mutation (verl 0.9.1's semantics)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""chunk / split / concat / repeat / reshapes, with the fact sheet's worked numbers."""
+"""chunk / split / concat / repeat / reshapes, with worked numbers from verl 0.9.1's behaviour."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every metric this package emits, and every metric SPEC names, has a description with a denominator."""
+"""Every metric this package emits, and every data metric verl's trainer logs, has a description with a denominator."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from stages.metrics import (
 )
 from stages.metrics.catalog import find_metric_doc
 
-# fact sheet §4: every timer name of the legacy step
+# every timer name of verl 0.9.1's legacy step
 TIMERS = [
     "start_profile",
     "gen",
@@ -41,7 +41,7 @@ TIMERS = [
     "agent_loop/generate_sequences",
 ]
 
-# keys produced by other stages (SPEC, fact sheet §3-§4) that the catalog must also explain
+# keys produced by other stages (verl's data metrics) that the catalog must also explain
 OTHER_KEYS = [
     "actor/pg_loss",
     "actor/pg_clipfrac",

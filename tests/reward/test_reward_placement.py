@@ -1,4 +1,4 @@
-"""The placement rule: score at L_i - 1, nothing for L_i = 0 (SPEC §3, §5.1)."""
+"""The placement rule: score at L_i - 1, nothing for L_i = 0 (docs/differences.md, difference 1)."""
 
 from __future__ import annotations
 

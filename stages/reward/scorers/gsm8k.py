@@ -1,4 +1,4 @@
-"""GSM8K answer extraction and scoring (verl 0.9.1 semantics, fact sheet §5).
+"""GSM8K answer extraction and scoring (verl 0.9.1 semantics).
 
 Only the last 300 characters of the response are examined, so an answer early in a long
 response is not found. Two extraction modes:
