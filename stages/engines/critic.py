@@ -20,12 +20,13 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from dataproto import DataProto, keys
+from stages.algos.aggregation import GlobalBatchInfo
 from stages.algos.masked import masked_mean
 from stages.algos.micro_batch import restore_order
 from stages.algos.policy_loss_config import read_settings
 from stages.algos.value_loss import compute_value_loss
-from stages.engines.actor import PPOUpdateSettings, optimizer_step, record_step
-from stages.engines.batching import MicroBatching, global_batch_info, mini_batch_indices
+from stages.engines.batching import MicroBatching
+from stages.engines.ppo_update import PPOUpdateSettings, ppo_update, take_rows
 from stages.engines.response_hidden import response_hidden_states
 from stages.engines.trimming import pad_response_columns
 from stages.metrics.metric import Metric
@@ -40,6 +41,8 @@ _HEAD_NAMES = ("score", "classifier")
 FORWARD_KEYS = (keys.INPUT_IDS, keys.ATTENTION_MASK, keys.POSITION_IDS, keys.RESPONSES)
 #: batch keys the update reads besides the forward keys
 UPDATE_KEYS = (keys.RESPONSE_MASK, keys.VALUES, keys.RETURNS)
+#: critic metrics whose micro-batch values are partial sums under global denominators
+SUMMED_LOSS_METRICS = frozenset({"critic/vf_loss"})
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,7 @@ def compute_values(model, batch: DataProto, micro: MicroBatching) -> DataProto:
     tensors = batch.batch
     require_keys(tensors, FORWARD_KEYS, "compute_values")
     plan = micro.plan(tensors[keys.ATTENTION_MASK])
-    values = restore_order([_forward_values(model, tensors[idx]) for idx in plan], plan)
+    values = restore_order([_forward_values(model, take_rows(tensors, idx)) for idx in plan], plan)
     return DataProto(
         batch=TensorDict({keys.VALUES: values}, batch_size=[len(values)]), meta_info={}
     )
@@ -179,7 +182,8 @@ def compute_values(model, batch: DataProto, micro: MicroBatching) -> DataProto:
 def update_critic(
     engine, batch: DataProto, settings: PPOUpdateSettings, loss_config: Any
 ) -> dict[str, Metric]:
-    """The clipped value update: ``epochs`` × mini-batches, one optimizer step each.
+    """The clipped value update: ``epochs`` × mini-batches, one optimizer step each
+    (``ppo_update``).
 
     loss_config: ``cliprange_value`` and ``loss_agg_mode``: the filled critic slice, a
     :class:`ValueLossSettings`, or a verl-style mapping (absent fields take the schema's
@@ -192,37 +196,34 @@ def update_critic(
     """
     tensors = batch.batch
     require_keys(tensors, FORWARD_KEYS + UPDATE_KEYS, "update_critic")
-    loss_settings = ValueLossSettings.resolve(loss_config)
-    metrics: dict[str, Metric] = {}
-    for rows in mini_batch_indices(
-        len(tensors), settings.mini_batch_size, settings.epochs, settings.shuffle, settings.seed
-    ):
-        mini = tensors[rows]
-        info = global_batch_info(mini[keys.RESPONSE_MASK], settings.loss_scale_factor)
-        plan = settings.micro.plan(mini[keys.ATTENTION_MASK])
-        step_metrics: dict[str, list[Tensor]] = {}
-        for position, idx in enumerate(plan):
-            engine.set_gradient_accumulation_boundary(position == len(plan) - 1)
-            micro = mini[idx]
-            vpreds = _forward_values(engine, micro)  # (b, R)
-            mask = micro[keys.RESPONSE_MASK]
-            vf_loss, vf_clipfrac = compute_value_loss(
-                vpreds,
-                micro[keys.RETURNS],
-                micro[keys.VALUES],
-                mask,
-                loss_settings.cliprange_value,
-                loss_settings.loss_agg_mode,
-                **info.as_kwargs(),
-            )
-            engine.backward(vf_loss, scale_wrt_gas=False)
-            step_metrics.setdefault("critic/vf_loss", []).append(vf_loss.detach())
-            step_metrics.setdefault("critic/vf_clipfrac", []).append(vf_clipfrac)
-            step_metrics.setdefault("critic/vpred_mean", []).append(
-                masked_mean(vpreds.detach(), mask)
-            )
-        grad_norm = optimizer_step(engine)
-        # vf_loss partials add up to the mini-batch loss: pre-summed, record_step's mean keeps it
-        step_metrics["critic/vf_loss"] = [torch.stack(step_metrics["critic/vf_loss"]).sum()]
-        record_step(metrics, step_metrics, engine, grad_norm, prefix="critic")
-    return metrics
+    micro_loss = functools.partial(
+        critic_micro_loss, loss_settings=ValueLossSettings.resolve(loss_config)
+    )
+    return ppo_update(
+        engine, tensors, settings, micro_loss, prefix="critic", summed=SUMMED_LOSS_METRICS
+    )
+
+
+def critic_micro_loss(
+    engine, micro: TensorDict, info: GlobalBatchInfo, *, loss_settings: ValueLossSettings
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The value loss of one micro-batch of b rows (``compute_value_loss`` under ``info``): the
+    (b, R) values through ``engine`` against ``returns`` and the old ``values`` under
+    ``response_mask``; metrics ``critic/vf_loss`` (this partial), ``critic/vf_clipfrac`` and
+    ``critic/vpred_mean`` (masked mean of the values)."""
+    vpreds = _forward_values(engine, micro)  # (b, R)
+    mask = micro[keys.RESPONSE_MASK]
+    vf_loss, vf_clipfrac = compute_value_loss(
+        vpreds,
+        micro[keys.RETURNS],
+        micro[keys.VALUES],
+        mask,
+        loss_settings.cliprange_value,
+        loss_settings.loss_agg_mode,
+        **info.as_kwargs(),
+    )
+    return vf_loss, {
+        "critic/vf_loss": vf_loss.detach(),
+        "critic/vf_clipfrac": vf_clipfrac,
+        "critic/vpred_mean": masked_mean(vpreds.detach(), mask),
+    }
