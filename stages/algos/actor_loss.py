@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,16 +51,13 @@ from stages.algos.policy_loss_config import (
 )
 from stages.algos.policy_losses import get_policy_loss_fn
 
-if TYPE_CHECKING:
-    from stages.config.schema_actor import ActorConfig
-
 
 @dataclass(frozen=True)
 class ActorLossTerms:
     """The actor settings beyond the policy loss itself (verl's names; no defaults here).
 
-    Each field is the ``actor_rollout_ref.actor`` key of the same name; its description and
-    default live in ``stages.config.schema_actor``.
+    Each field is the ``actor_rollout_ref.actor`` key of the same name: its description is the
+    run config schema's, its default is in :mod:`stages.algos.defaults`.
 
     Attributes:
         entropy_coeff: weight of the entropy bonus (subtracted).
@@ -75,18 +72,16 @@ class ActorLossTerms:
     kl_loss_type: str
 
     @classmethod
-    def from_actor(cls, actor: ActorConfig) -> ActorLossTerms:
-        """The terms of a typed ``actor_rollout_ref.actor`` slice."""
+    def from_actor(cls, actor: Any) -> ActorLossTerms:
+        """The terms of an object shaped like the ``actor_rollout_ref.actor`` slice (each field
+        read from it as is)."""
         return cls(**{f.name: getattr(actor, f.name) for f in dataclasses.fields(cls)})
 
     @classmethod
     def resolve(cls, config: Any) -> ActorLossTerms:
-        """A typed actor slice is read whole; a verl-style config (mapping, object, None) gives
-        the fields it holds, the schema's defaults the rest."""
-        from stages.config.schema_actor import ActorConfig
-
-        if isinstance(config, ActorConfig):
-            return cls.from_actor(config)
+        """The terms of the typed actor slice (which holds every field, none of them None) or of a
+        verl-style config (mapping, object, None): the fields it holds and not None, the defaults
+        (:mod:`stages.algos.defaults`) the rest."""
         return dataclasses.replace(
             cls.from_actor(default_actor()), **read_settings(config, ActorLossTerms)
         )
@@ -111,8 +106,8 @@ def compute_actor_loss(
         old_log_prob: (B, R) log π_old from the rollout-time policy (``old_log_probs``).
         advantages: (B, R) token advantages.
         response_mask: (B, R) 1 = token counts.
-        config: the typed actor slice (``ActorConfig``), or a verl-style config with the same
-            names (object or mapping; absent fields take the schema's defaults): clip_ratio*,
+        config: the run config's typed actor slice, or a verl-style config with the same
+            names (object or mapping; absent fields take their defaults): clip_ratio*,
             loss_agg_mode, policy_loss.*, entropy_coeff, use_kl_loss, kl_loss_coef, kl_loss_type.
         entropy: (B, R) token entropy, differentiable; None = no entropy term (verl adds it
             whenever it was computed, i.e. calculate_entropy or entropy_coeff ≠ 0).

@@ -9,20 +9,72 @@ Names and parameters are verl 0.9.1's (``verl.trainer.ppo.core_algos``), so port
 its import. The group statistics are vectorised (``index_add_``/``bincount`` over group ids); the
 tests hold the per-row loop versions as oracles.
 
+Each function is registered in ``ADV_ESTIMATORS`` where it is defined, by
+:func:`register_group_estimator`: the entry (``group_based``) calls it with ``index`` = the batch's
+``uid`` and, for the GRPO family, ``config.norm_adv_by_std_in_grpo``.
+
 Shapes: B samples, R response tokens, G groups.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import Tensor
 
+from dataproto import keys
+from stages.algos.advantage_registry import AdvantageEstimatorFn, register_adv_est, require_input
 from stages.algos.config_view import read_field
 from stages.algos.masked import masked_whiten
 
 #: ε added to the group std in GRPO-style normalisation (verl's default ``epsilon``)
 GRPO_EPS = 1e-6
+
+
+def register_group_estimator(
+    name: str, *, reads_norm_flag: bool = False, min_group_size: int = 1
+) -> Callable[[Callable], Callable]:
+    """Decorator registering a verl group function as the ``group_based`` estimator ``name``.
+
+    The registry entry ``<name>_advantages`` has the registry's signature: it requires ``index``
+    (the batch's ``uid``, else ``KeyError``) and calls ``verl_fn(token_level_rewards,
+    response_mask, index)``, adding ``norm_adv_by_std_in_grpo = read_field(config, …)`` when
+    ``reads_norm_flag``. ``min_group_size`` is the entry's declared need. The decorated function is
+    returned unchanged.
+    """
+
+    def add(verl_fn: Callable) -> Callable:
+        entry = _group_entry(name, verl_fn, reads_norm_flag)
+        register_adv_est(name, group_based=True, min_group_size=min_group_size)(entry)
+        return verl_fn
+
+    return add
+
+
+def _group_entry(name: str, verl_fn: Callable, reads_norm_flag: bool) -> AdvantageEstimatorFn:
+    """A registry entry for a group estimator: checks ``index`` and passes the config's flag."""
+
+    def estimate(
+        token_level_rewards,
+        response_mask,
+        *,
+        index=None,
+        values=None,
+        reward_baselines=None,
+        config=None,
+    ):
+        index = require_input(index, name, keys.UID, "(B,) prompt group ids, non-tensor layer")
+        if reads_norm_flag:
+            norm = read_field(config, "norm_adv_by_std_in_grpo")
+            return verl_fn(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=norm)
+        return verl_fn(token_level_rewards, response_mask, index)
+
+    estimate.__name__ = f"{name}_advantages"
+    estimate.__qualname__ = estimate.__name__
+    estimate.__doc__ = f"``{name}``: :func:`~stages.algos.advantages_group.{verl_fn.__name__}` with ``index = uid``."
+    return estimate
 
 
 def group_ids(
@@ -92,6 +144,7 @@ def _scores_and_groups(token_level_rewards: Tensor, index) -> tuple[Tensor, Tens
     return scores, group, uids
 
 
+@register_group_estimator("grpo", reads_norm_flag=True)
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
     token_level_rewards: Tensor,
@@ -133,6 +186,7 @@ def compute_grpo_outcome_advantage(
     return _broadcast(seq_advantages, response_mask)
 
 
+@register_group_estimator("grpo_vectorized", reads_norm_flag=True)
 def compute_grpo_vectorized_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
@@ -148,6 +202,7 @@ def compute_grpo_vectorized_outcome_advantage(
     )
 
 
+@register_group_estimator("grpo_passk", reads_norm_flag=True, min_group_size=2)  # best vs runner-up
 @torch.no_grad()
 def compute_grpo_passk_outcome_advantage(
     token_level_rewards: Tensor,
@@ -202,6 +257,7 @@ def _leave_one_out(token_level_rewards, response_mask, index, singleton_keeps_sc
     return _broadcast(torch.where(n > 1, loo, singleton_value), response_mask)
 
 
+@register_group_estimator("rloo")
 def compute_rloo_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
@@ -224,6 +280,7 @@ def compute_rloo_outcome_advantage(
     return _leave_one_out(token_level_rewards, response_mask, index, singleton_keeps_score=True)
 
 
+@register_group_estimator("rloo_vectorized")
 def compute_rloo_vectorized_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
@@ -243,6 +300,7 @@ def compute_rloo_vectorized_outcome_advantage(
     return _leave_one_out(token_level_rewards, response_mask, index, singleton_keeps_score=False)
 
 
+@register_group_estimator("opo")
 @torch.no_grad()
 def compute_opo_outcome_advantage(
     token_level_rewards: Tensor,
@@ -276,6 +334,7 @@ def compute_opo_outcome_advantage(
     return _broadcast(scores - baseline[group], response_mask)
 
 
+@register_group_estimator("gpg")
 @torch.no_grad()
 def compute_gpg_outcome_advantage(
     token_level_rewards: Tensor,
@@ -304,6 +363,7 @@ def compute_gpg_outcome_advantage(
     return _broadcast(alpha * (scores - mean[group]) / f_norm, response_mask)
 
 
+@register_group_estimator("reinforce_plus_plus_baseline")
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: Tensor,

@@ -9,6 +9,10 @@ Names and parameters are verl 0.9.1's (``verl.trainer.ppo.core_algos``). The ver
 functions return what verl returns (GAE advantages already whitened); :func:`gae_returns` is the
 un-whitened recursion the ppoflow estimator composes with an explicit whitening step.
 
+The ``ADV_ESTIMATORS`` entries ``gae``, ``reinforce_plus_plus`` and ``remax`` are registered here,
+each beside the math it calls (:func:`gae_advantages`, :func:`reinforce_plus_plus_advantages`,
+:func:`remax_advantages`, with the registry's signature).
+
 Shapes: B samples, R response tokens.
 """
 
@@ -17,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dataproto import keys
+from stages.algos.advantage_registry import register_adv_est, require_input
 from stages.algos.config_view import read_field
 from stages.algos.masked import masked_whiten
 
@@ -84,6 +90,24 @@ def compute_gae_advantage_return(
     return masked_whiten(raw_advantages, response_mask), returns
 
 
+@register_adv_est("gae", needs_values=True)
+def gae_advantages(
+    token_level_rewards,
+    response_mask,
+    *,
+    index=None,
+    values=None,
+    reward_baselines=None,
+    config=None,
+):
+    """GAE with ``config.gamma``/``config.lam``, then whitened over the batch's valid tokens (verl)."""
+    values = require_input(values, "gae", keys.VALUES, "(B, R) critic values; enable the critic")
+    gamma, lam = read_field(config, "gamma"), read_field(config, "lam")
+    raw_advantages, returns = gae_returns(token_level_rewards, values, response_mask, gamma, lam)
+    advantages = masked_whiten(raw_advantages, response_mask)  # policy step: batch normalisation
+    return advantages, returns
+
+
 @torch.no_grad()
 def discounted_returns(
     token_level_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0
@@ -126,6 +150,20 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
+@register_adv_est("reinforce_plus_plus")
+def reinforce_plus_plus_advantages(
+    token_level_rewards,
+    response_mask,
+    *,
+    index=None,
+    values=None,
+    reward_baselines=None,
+    config=None,
+):
+    """REINFORCE++: whitened reward-to-go with γ = ``config.gamma``; returns the un-whitened G."""
+    return compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, config)
+
+
 @torch.no_grad()
 def compute_remax_outcome_advantage(
     token_level_rewards: Tensor,
@@ -153,3 +191,20 @@ def compute_remax_outcome_advantage(
     returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
     advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
     return advantages, returns
+
+
+@register_adv_est("remax", needs_greedy_baseline=True)
+def remax_advantages(
+    token_level_rewards,
+    response_mask,
+    *,
+    index=None,
+    values=None,
+    reward_baselines=None,
+    config=None,
+):
+    """ReMax: reward-to-go minus the greedy sample's reward; not whitened."""
+    baselines = require_input(
+        reward_baselines, "remax", keys.REWARD_BASELINES, "(B,) greedy-sample rewards"
+    )
+    return compute_remax_outcome_advantage(token_level_rewards, baselines, response_mask)

@@ -130,7 +130,34 @@ LOCAL_BATCH = GlobalBatchInfo()
 #: aggregator(loss_mat (B, R), loss_mask (B, R), info) -> scalar
 Aggregator = Callable[[Tensor, Tensor, GlobalBatchInfo], Tensor]
 
-AGG_LOSS_MODES: Registry[Aggregator] = Registry("loss_agg_mode")
+
+@dataclass(frozen=True)
+class AggregationSpec:
+    """One ``AGG_LOSS_MODES`` entry (a ``loss_agg_mode``).
+
+    Attributes:
+        fn: the aggregator, ``fn(loss_mat (B, R), loss_mask (B, R), info) -> scalar``.
+        reads_loss_scale_factor: divides by ``info.loss_scale_factor`` (S), so the config's
+            ``loss_scale_factor`` has an effect with this mode only.
+    """
+
+    fn: Aggregator
+    reads_loss_scale_factor: bool = False
+
+
+AGG_LOSS_MODES: Registry[AggregationSpec] = Registry("loss_agg_mode")
+
+
+def register_aggregation(
+    name: str, *, reads_loss_scale_factor: bool = False
+) -> Callable[[Aggregator], Aggregator]:
+    """Decorator adding an aggregator under ``name``; the function is returned unchanged."""
+
+    def add(fn: Aggregator) -> Aggregator:
+        AGG_LOSS_MODES.add(name, AggregationSpec(fn, reads_loss_scale_factor))
+        return fn
+
+    return add
 
 
 def _at_least_one(count: Count) -> Count:
@@ -156,31 +183,31 @@ def _seq_mean(seq_losses: Tensor, loss_mask: Tensor, info: GlobalBatchInfo, mode
     return seq_losses.sum() / _at_least_one(num_seqs) * info.dp_size
 
 
-@AGG_LOSS_MODES.register("token-mean")
+@register_aggregation("token-mean")
 def _token_mean(loss_mat: Tensor, loss_mask: Tensor, info: GlobalBatchInfo) -> Tensor:
     _require_global(info.batch_num_tokens, info, "batch_num_tokens", "token-mean")
     num_tokens = loss_mask.sum() if info.batch_num_tokens is None else info.batch_num_tokens
     return masked_sum(loss_mat, loss_mask) / _at_least_one(num_tokens) * info.dp_size
 
 
-@AGG_LOSS_MODES.register("token-sum")
+@register_aggregation("token-sum")
 def _token_sum(loss_mat: Tensor, loss_mask: Tensor, info: GlobalBatchInfo) -> Tensor:
     return masked_sum(loss_mat, loss_mask) * info.dp_size
 
 
-@AGG_LOSS_MODES.register("seq-mean-token-sum")
+@register_aggregation("seq-mean-token-sum")
 def _seq_mean_token_sum(loss_mat: Tensor, loss_mask: Tensor, info: GlobalBatchInfo) -> Tensor:
     seq_sums = masked_sum(loss_mat, loss_mask, dim=-1)  # (B,)
     return _seq_mean(seq_sums, loss_mask, info, "seq-mean-token-sum")
 
 
-@AGG_LOSS_MODES.register("seq-mean-token-mean")
+@register_aggregation("seq-mean-token-mean")
 def _seq_mean_token_mean(loss_mat: Tensor, loss_mask: Tensor, info: GlobalBatchInfo) -> Tensor:
     seq_means = masked_sum(loss_mat, loss_mask, dim=-1) / (loss_mask.sum(dim=-1) + MASK_EPS)  # (B,)
     return _seq_mean(seq_means, loss_mask, info, "seq-mean-token-mean")
 
 
-@AGG_LOSS_MODES.register("seq-mean-token-sum-norm")
+@register_aggregation("seq-mean-token-sum-norm", reads_loss_scale_factor=True)
 def _seq_mean_token_sum_norm(loss_mat: Tensor, loss_mask: Tensor, info: GlobalBatchInfo) -> Tensor:
     seq_sums = masked_sum(loss_mat, loss_mask, dim=-1)  # (B,)
     scale = loss_mask.shape[-1] if info.loss_scale_factor is None else info.loss_scale_factor
@@ -208,7 +235,7 @@ def aggregate_loss(
         raise ValueError(
             f"loss_mat shape {tuple(loss_mat.shape)} and loss_mask shape {tuple(loss_mask.shape)} must match"
         )
-    aggregate = AGG_LOSS_MODES.get(loss_agg_mode)
+    aggregate = AGG_LOSS_MODES.get(loss_agg_mode).fn
     return aggregate(loss_mat, loss_mask, GlobalBatchInfo.coerce(info))
 
 

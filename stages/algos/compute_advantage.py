@@ -30,7 +30,7 @@ from stages.algos.config_view import sets_verl_only_flag, with_overrides
 
 
 def response_mask_from_attention(attention_mask: Tensor, response_length: int) -> Tensor:
-    """``attention_mask[:, -R:]`` after checking the padding layout (ppoflow SPEC §5, difference 3).
+    """``attention_mask[:, -R:]`` after checking the padding layout (a difference from verl).
 
     The layout must be: prompt left-padded (zeros, then ones) and response right-padded (ones,
     then zeros). verl slices without checking, so any other layout silently misaligns the mask.
@@ -91,8 +91,8 @@ def compute_advantage(
 ) -> DataProto:
     """Run estimator ``adv_estimator`` on ``batch``; return ``DataProto`` with ``advantages`` and ``returns``.
 
-    ``gamma``, ``lam`` and ``norm_adv_by_std_in_grpo`` default to ``config``'s fields, then to the
-    schema's defaults (1.0, 1.0, True, as verl's); giving a keyword that contradicts ``config``
+    ``gamma``, ``lam`` and ``norm_adv_by_std_in_grpo`` default to ``config``'s fields, then to their
+    defaults (:mod:`stages.algos.defaults`: 1.0, 1.0, True, as verl's); giving a keyword that contradicts ``config``
     raises ``ValueError``.
     The input batch is not modified.
 

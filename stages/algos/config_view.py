@@ -3,10 +3,10 @@
 The estimators and KL controllers accept verl-style configs: a pydantic model or dataclass with the
 right attribute names, an OmegaConf ``DictConfig``, a plain ``Mapping``, or ``None``. This module is
 the one place that knows how to read a field from any of them. A field the config does not hold
-takes the schema's default (:func:`algorithm_defaults`, read from
-``stages.config.schema_algorithm``), so no second table of defaults exists and no
-``cfg.get(x, default)`` is scattered around the math. ppoflow's own stages pass the typed
-``AlgorithmConfig``, which holds every field.
+takes its default (:func:`algorithm_defaults`, from the tables in :mod:`stages.algos.defaults`,
+which the run config's ``algorithm`` schema takes its defaults from too), so no second table of
+defaults exists and no ``cfg.get(x, default)`` is scattered around the math. ppoflow's own stages
+pass the typed ``algorithm`` slice of the run config, which holds every field.
 
 Example:
     >>> read_field({"gamma": 0.99}, "gamma")
@@ -25,35 +25,36 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from stages.algos.defaults import (
+    ALGORITHM_DEFAULTS,
+    KL_CTRL_DEFAULTS,
+    ROLLOUT_CORRECTION_DEFAULTS,
+)
+
 _MISSING = object()
 
 
 @functools.cache
 def algorithm_defaults() -> Mapping[str, Any]:
-    """The schema's default of every ``algorithm.*`` and ``algorithm.<section>.*`` leaf, by leaf name.
+    """The default of every ``algorithm.*`` and ``algorithm.<section>.*`` leaf, by leaf name.
 
-    Read from ``AlgorithmConfig()`` (``kl_ctrl.kl_coef`` is ``"kl_coef"``: the KL controllers
-    receive the ``kl_ctrl`` section itself).
+    The tables of :mod:`stages.algos.defaults` in the schema's order (``kl_ctrl.kl_coef`` is
+    ``"kl_coef"``: the KL controllers receive the ``kl_ctrl`` section itself).
     """
-    from pydantic import BaseModel
-
-    from stages.config.schema_algorithm import AlgorithmConfig
-
     defaults: dict[str, Any] = {}
-    for name, value in AlgorithmConfig():
-        leaves = dict(value) if isinstance(value, BaseModel) else {name: value}
-        for leaf, leaf_value in leaves.items():
+    for table in (ALGORITHM_DEFAULTS, KL_CTRL_DEFAULTS, ROLLOUT_CORRECTION_DEFAULTS):
+        for leaf, value in table.items():
             assert leaf not in defaults, f"algorithm leaf {leaf!r} is not unique"
-            defaults[leaf] = leaf_value
+            defaults[leaf] = value
     return MappingProxyType(defaults)
 
 
 def read_field(config: Any, name: str) -> Any:
-    """``config.name`` or ``config[name]``; a ``None`` config or an absent field gives the schema's
+    """``config.name`` or ``config[name]``; a ``None`` config or an absent field gives the field's
     default (:func:`algorithm_defaults`).
 
-    Raises ``KeyError`` when the field is absent and the schema has no such field (a bug in the
-    caller).
+    Raises ``KeyError`` when the field is absent and has no default (no such ``algorithm`` field:
+    a bug in the caller).
     """
     value = _lookup(config, name)
     if value is not _MISSING:

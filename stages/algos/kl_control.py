@@ -9,6 +9,9 @@ actor mini-batch from the current log-probs). β comes from a controller:
 - ``adaptive`` (Ziegler et al., arXiv:1909.08593): after each step,
   β ← β·(1 + clip(KL/target − 1, −0.2, 0.2)·n_steps/horizon), n_steps = the batch size.
 
+Each is a ``KL_CONTROLLERS`` entry (:class:`KLControllerSpec`) that declares the ``kl_ctrl``
+fields it needs > 0, which the config checks instead of comparing the type's name.
+
 Metrics are Python floats: the adaptive controller needs the step's KL on the host anyway, so
 :func:`kl_penalized_rewards` returns a 0-d tensor and the one host transfer happens here, at the
 controller boundary (one sync per step).
@@ -23,6 +26,7 @@ Example (adaptive, target 0.05, horizon 1000, 100 samples with KL 0.2 → clippe
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tensordict import TensorDict
@@ -87,15 +91,41 @@ class AdaptiveKLController:
         self.value *= 1.0 + error * n_steps / self.horizon
 
 
-KL_CONTROLLERS: Registry[Callable[[Any], KLController]] = Registry("KL controller type")
+@dataclass(frozen=True)
+class KLControllerSpec:
+    """One ``KL_CONTROLLERS`` entry (``algorithm.kl_ctrl.type``).
+
+    Attributes:
+        fn: ``kl_ctrl`` section (object or mapping) → the controller.
+        positive: the ``kl_ctrl`` fields it needs > 0 (the config checks them before the run).
+    """
+
+    fn: Callable[[Any], KLController]
+    positive: tuple[str, ...] = ()
 
 
-@KL_CONTROLLERS.register("fixed")
+KL_CONTROLLERS: Registry[KLControllerSpec] = Registry("KL controller type")
+
+
+def register_kl_controller(
+    name: str, *, positive: tuple[str, ...] = ()
+) -> Callable[[Callable[[Any], KLController]], Callable[[Any], KLController]]:
+    """Decorator adding ``fn(kl_ctrl) -> KLController`` under ``name`` with the fields it needs
+    > 0; the function is returned unchanged."""
+
+    def add(fn: Callable[[Any], KLController]) -> Callable[[Any], KLController]:
+        KL_CONTROLLERS.add(name, KLControllerSpec(fn=fn, positive=positive))
+        return fn
+
+    return add
+
+
+@register_kl_controller("fixed")
 def _fixed_from_config(kl_ctrl: Any) -> KLController:
     return FixedKLController(kl_coef=read_field(kl_ctrl, "kl_coef"))
 
 
-@KL_CONTROLLERS.register("adaptive")
+@register_kl_controller("adaptive", positive=("horizon", "target_kl"))
 def _adaptive_from_config(kl_ctrl: Any) -> KLController:
     return AdaptiveKLController(
         init_kl_coef=read_field(kl_ctrl, "kl_coef"),
@@ -112,7 +142,7 @@ def get_kl_controller(kl_ctrl: Any) -> KLController:
         >>> get_kl_controller({"type": "fixed", "kl_coef": 0.01}).value
         0.01
     """
-    return KL_CONTROLLERS.get(read_field(kl_ctrl, "type"))(kl_ctrl)
+    return KL_CONTROLLERS.get(read_field(kl_ctrl, "type")).fn(kl_ctrl)
 
 
 def kl_penalized_rewards(

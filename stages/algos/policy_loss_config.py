@@ -1,16 +1,17 @@
 """The settings every policy loss reads, built once from the actor's config slice.
 
 verl's losses read ``config.clip_ratio``, ``config.policy_loss.clip_cov_ratio`` … from an
-``ActorConfig``. ppoflow's engines build a frozen :class:`PolicyLossSettings` from the typed slice
-(:meth:`PolicyLossSettings.from_actor`, ``stages.config.schema_actor.ActorConfig``); the losses
-then read typed fields. The settings carry no defaults of their own: the schema's fields are the
-one source. For verl's API (a plain mapping, OmegaConf node or dataclass, as verl users pass),
-:func:`resolve_policy_loss_config` reads the fields present and takes every absent one from the
-schema's defaults.
+``ActorConfig``. ppoflow's engines pass the typed ``actor_rollout_ref.actor`` slice of the run
+config; :func:`resolve_policy_loss_config` turns it (or anything verl users pass: a plain mapping,
+an OmegaConf node, a dataclass) into a frozen :class:`PolicyLossSettings`, and the losses then read
+typed fields. The settings carry no defaults of their own: a field the config does not hold (or
+holds as None) takes its default from :mod:`stages.algos.defaults`, the one table the run config's
+schema takes its defaults from too. This module reads settings and never imports the schema.
 
 Also here: the ``POLICY_LOSSES`` registry, whose entries are :class:`PolicyLossSpec` (the loss
 function with the uniform signature :class:`PolicyLossFn`, and the settings it reads); the losses
-themselves are in ``policy_losses.py`` and ``policy_losses_cov.py``.
+themselves are in ``policy_losses.py`` and ``policy_losses_cov.py``, each registered where it is
+defined.
 
 Example:
     >>> cfg = resolve_policy_loss_config({"clip_ratio": 0.2, "clip_ratio_high": 0.28,
@@ -24,19 +25,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from types import SimpleNamespace
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from stages.algos.aggregation import GlobalBatchInfo
+from stages.algos.defaults import ACTOR_LOSS_DEFAULTS, POLICY_LOSS_DEFAULTS
 from stages.registry import Registry
-
-if TYPE_CHECKING:
-    from stages.config.schema_actor import ActorConfig
 
 #: fields read from ``config.policy_loss`` (verl's nested PolicyLossConfig); the rest are top level
 NESTED_POLICY_LOSS_FIELDS = (
@@ -54,7 +53,8 @@ class PolicyLossSettings:
     """Typed view of the actor settings the policy losses use (verl's names; no defaults here).
 
     Each field is the ``actor_rollout_ref.actor`` key of the same name (``policy_loss.*`` for the
-    nested ones), whose description and default live in ``stages.config.schema_actor``.
+    nested ones): its description is the run config schema's, its default is in
+    :mod:`stages.algos.defaults`.
 
     Attributes:
         clip_ratio: PPO ε, used for each side when clip_ratio_low / clip_ratio_high is None.
@@ -90,9 +90,10 @@ class PolicyLossSettings:
 
     @classmethod
     def from_actor(
-        cls, actor: ActorConfig, global_batch_info: GlobalBatchInfo | None = None
+        cls, actor: Any, global_batch_info: GlobalBatchInfo | None = None
     ) -> PolicyLossSettings:
-        """The settings of a typed ``actor_rollout_ref.actor`` slice (every field read from it)."""
+        """The settings of an object shaped like the ``actor_rollout_ref.actor`` slice (every field
+        read from it as is: ``actor.<field>``, ``actor.policy_loss.<field>`` for the nested ones)."""
         top = {name: getattr(actor, name) for name in _TOP_LEVEL_FIELDS}
         nested = {name: getattr(actor.policy_loss, name) for name in NESTED_POLICY_LOSS_FIELDS}
         info = GlobalBatchInfo() if global_batch_info is None else global_batch_info
@@ -136,7 +137,7 @@ def read_settings(
 
     ``config`` may be an object (pydantic, dataclass, OmegaConf) or a mapping; fields named in
     ``nested_fields`` are read from ``config.policy_loss``. Absent fields are left out: the caller
-    takes them from the schema's defaults (verl's API only; typed slices are read whole).
+    takes them from :mod:`stages.algos.defaults`.
     """
     nested = _read(config, "policy_loss")
     nested = None if nested is _MISSING else nested
@@ -148,29 +149,30 @@ def read_settings(
     return values
 
 
-@functools.cache
-def default_actor() -> ActorConfig:
-    """The schema's default ``actor_rollout_ref.actor`` slice: the fallback of verl-style configs."""
-    # imported here: the schema imports this module's registry to validate loss names
-    from stages.config.schema_actor import ActorConfig
+def default_actor() -> SimpleNamespace:
+    """The defaults of the actor settings the losses read (:mod:`stages.algos.defaults`), shaped
+    like the ``actor_rollout_ref.actor`` slice (``policy_loss.*`` nested): the fallback of every
+    field a config leaves out.
 
-    return ActorConfig()
+    >>> default_actor().clip_ratio, default_actor().policy_loss.loss_mode
+    (0.2, 'vanilla')
+    """
+    return SimpleNamespace(
+        **ACTOR_LOSS_DEFAULTS, policy_loss=SimpleNamespace(**POLICY_LOSS_DEFAULTS)
+    )
 
 
 def resolve_policy_loss_config(config: Any) -> PolicyLossSettings:
-    """The policy-loss settings of ``config``: settings, a typed actor slice, or verl-style.
+    """The policy-loss settings of ``config``: settings as they are, else read from the config.
 
-    A typed ``ActorConfig`` is read whole. Anything else (mapping, OmegaConf, dataclass, None) is
-    verl's API: the fields present and not None are read (nested ones from ``config.policy_loss``,
-    ``global_batch_info`` as a dict or GlobalBatchInfo), and every other field is the schema's
-    default (:func:`default_actor`).
+    The config is the run config's typed actor slice or anything verl's API takes (mapping,
+    OmegaConf, dataclass, None): the fields present and not None are read (nested ones from
+    ``config.policy_loss``, ``global_batch_info`` as a dict or GlobalBatchInfo), and every other
+    field is its default (:func:`default_actor`). A typed slice holds every field, and each field
+    it may hold as None defaults to None, so it is read whole.
     """
-    from stages.config.schema_actor import ActorConfig
-
     if isinstance(config, PolicyLossSettings):
         return config
-    if isinstance(config, ActorConfig):
-        return PolicyLossSettings.from_actor(config)
     values = read_settings(config, PolicyLossSettings, NESTED_POLICY_LOSS_FIELDS)
     if "global_batch_info" in values:
         values["global_batch_info"] = GlobalBatchInfo.coerce(values["global_batch_info"])

@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stages.algos.advantages import ADV_ESTIMATORS
+from stages.algos.aggregation import AGG_LOSS_MODES
+from stages.algos.kl_control import KL_CONTROLLERS
 from stages.config.derived import is_critic_used
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 
@@ -76,8 +78,8 @@ def _batch_problems(cfg: PPORunConfig, role: str) -> list[str]:
 
 
 def _algorithm_problems(cfg: PPORunConfig) -> list[str]:
-    """Estimator needs (its registry entry: critic, sampling, group size) and KL controller
-    settings."""
+    """Estimator needs (its registry entry: critic, sampling, group size) and the KL controller's
+    (its registry entry: the fields it needs > 0)."""
     algo, rollout = cfg.algorithm, cfg.actor_rollout_ref.rollout
     estimator, name = ADV_ESTIMATORS.get(algo.adv_estimator), repr(algo.adv_estimator)
     problems = []
@@ -98,29 +100,31 @@ def _algorithm_problems(cfg: PPORunConfig) -> list[str]:
             f"{estimator.min_group_size}"
         )
     ctrl = algo.kl_ctrl
-    if ctrl.type == "adaptive" and ctrl.horizon <= 0:
-        problems.append(
-            f"algorithm.kl_ctrl.horizon = {ctrl.horizon} but the adaptive controller needs > 0"
-        )
-    if ctrl.type == "adaptive" and ctrl.target_kl <= 0:
-        problems.append(
-            f"algorithm.kl_ctrl.target_kl = {ctrl.target_kl} but the adaptive controller needs > 0"
-        )
+    for field in KL_CONTROLLERS.get(ctrl.type).positive:  # its registry entry's needs
+        value = getattr(ctrl, field)
+        if value <= 0:
+            problems.append(
+                f"algorithm.kl_ctrl.{field} = {value} but the {ctrl.type} controller needs > 0"
+            )
     return problems
 
 
 def _loss_problems(cfg: PPORunConfig) -> list[str]:
-    """loss_scale_factor only with seq-mean-token-sum-norm; clip_cov window ordered."""
+    """loss_scale_factor only with a mode that reads it (its registry entry says so: of the
+    built-in ones, seq-mean-token-sum-norm); clip_cov window ordered."""
     problems = []
+    scaled = " or ".join(
+        repr(mode) for mode in AGG_LOSS_MODES if AGG_LOSS_MODES.get(mode).reads_loss_scale_factor
+    )
     for key, section in ((f"{ARR}.actor", cfg.actor_rollout_ref.actor), ("critic", cfg.critic)):
         if (
             section.loss_scale_factor is not None
-            and section.loss_agg_mode != "seq-mean-token-sum-norm"
+            and not AGG_LOSS_MODES.get(section.loss_agg_mode).reads_loss_scale_factor
         ):
             problems.append(
                 f"{key}.loss_scale_factor = {section.loss_scale_factor} has no effect with "
                 f"{key}.loss_agg_mode = {section.loss_agg_mode!r}; it only applies to "
-                "'seq-mean-token-sum-norm' (set it to null or change the mode)"
+                f"{scaled} (set it to null or change the mode)"
             )
     pl = cfg.actor_rollout_ref.actor.policy_loss
     if pl.clip_cov_lb >= pl.clip_cov_ub:

@@ -3,16 +3,20 @@
 ``fill_inherited`` turns every "null = take X" field into its value, so each area's slice is
 complete on its own (a stage reads only its slice). ``compute_derived`` returns the flags and
 sizes the flow needs (verl's ``use_critic``, ``use_reference_policy``, ``use_rm``, the DP size and
-the mini-batch sizes in sequences). Neither validates: ``checks.py`` does, on the filled config.
+the mini-batch sizes in sequences). Neither validates: ``checks.py`` does, on the filled config, and
+imports this module (``is_critic_used``), never the reverse; the root model hands the checks'
+warnings to :func:`compute_derived`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import Field
 
 from stages.algos.advantages import ADV_ESTIMATORS
+from stages.algos.aggregation import AGG_LOSS_MODES
 from stages.config._base import ConfigModel
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 
@@ -20,6 +24,10 @@ if TYPE_CHECKING:
     from stages.config.root import PPORunConfig
     from stages.config.schema_actor import ActorConfig
     from stages.config.schema_critic import CriticConfig
+    from stages.config.schema_run import RunSchema
+
+#: the run config being filled: ``PPORunConfig`` while it validates, or its bare ``RunSchema``
+Run = TypeVar("Run", bound="RunSchema")
 
 
 class DerivedConfig(ConfigModel):
@@ -67,7 +75,7 @@ def per_rank_mini_batch(mini_batch_prompts: int, n: int, dp_size: int) -> int:
     return max(1, mini_batch_prompts * n // dp_size)
 
 
-def fill_inherited(cfg: PPORunConfig) -> PPORunConfig:
+def fill_inherited(cfg: Run) -> Run:
     """Return a copy of ``cfg`` with every null "inherits" field set to the value it names."""
     arr = cfg.actor_rollout_ref
     model, actor, rollout, ref = arr.model, arr.actor, arr.rollout, arr.ref
@@ -110,7 +118,7 @@ def fill_inherited(cfg: PPORunConfig) -> PPORunConfig:
     )
 
 
-def _fill_algorithm(cfg: PPORunConfig) -> ConfigModel:
+def _fill_algorithm(cfg: RunSchema) -> ConfigModel:
     """``rollout_correction.bypass_mode`` null: reuse the rollout's log-probs as old_log_probs
     where they are the actor's own (the rollout backend's registry entry says so)."""
     algorithm = cfg.algorithm
@@ -123,7 +131,7 @@ def _fill_algorithm(cfg: PPORunConfig) -> ConfigModel:
     return algorithm.model_copy(update={"rollout_correction": correction})
 
 
-def _fill_critic(cfg: PPORunConfig, actor: ActorConfig, dp_size: int) -> CriticConfig:
+def _fill_critic(cfg: RunSchema, actor: ActorConfig, dp_size: int) -> CriticConfig:
     """The critic's inherited model, batching and optimizer-placement keys (verl's interpolations)."""
     critic, model = cfg.critic, cfg.actor_rollout_ref.model
     critic_model = _fill(
@@ -137,7 +145,7 @@ def _fill_critic(cfg: PPORunConfig, actor: ActorConfig, dp_size: int) -> CriticC
     )
     mini = critic.ppo_mini_batch_size or actor.ppo_mini_batch_size
     mode = critic.loss_agg_mode or actor.loss_agg_mode
-    inherit_scale = mode == actor.loss_agg_mode == "seq-mean-token-sum-norm"
+    inherit_scale = mode == actor.loss_agg_mode and AGG_LOSS_MODES.get(mode).reads_loss_scale_factor
     return _fill(
         critic.model_copy(update={"model": critic_model}),
         ppo_mini_batch_size=mini,
@@ -159,10 +167,9 @@ def _fill(section: ConfigModel, /, **inherited: object) -> ConfigModel:
     return section.model_copy(update=update) if update else section
 
 
-def compute_derived(cfg: PPORunConfig) -> DerivedConfig:
-    """The flags and sizes of a validated (filled) config. See ``DerivedConfig`` for each one."""
-    from stages.config.checks import cross_field_warnings
-
+def compute_derived(cfg: PPORunConfig, warnings: Iterable[str]) -> DerivedConfig:
+    """The flags and sizes of a validated (filled) config, with its cross-field ``warnings``
+    (``checks.cross_field_warnings``). See ``DerivedConfig`` for each one."""
     actor, critic = cfg.actor_rollout_ref.actor, cfg.critic
     n = cfg.actor_rollout_ref.rollout.n
     dp_size = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
@@ -185,7 +192,7 @@ def compute_derived(cfg: PPORunConfig) -> DerivedConfig:
         critic_grad_accum_steps=None
         if critic.use_dynamic_bsz
         else critic_per_rank // critic.ppo_micro_batch_size_per_gpu,
-        warnings=tuple(cross_field_warnings(cfg)),
+        warnings=tuple(warnings),
     )
 
 

@@ -5,17 +5,21 @@ pydantic's raw ``ValidationError`` text is replaced by lines such as::
     actor_rollout_ref.actor.optim.lr: got -1.0; must be > 0
     trainer.totl_epochs: unknown key; did you mean 'total_epochs'?
     data.truncation: got 'both'; allowed: 'error', 'left', 'right' or 'middle'
+
+The walk of the schema's key tree and the did-you-mean (``nested_model``, ``model_at``,
+``sibling_keys``, ``suggest``) live in :mod:`stages.config.model_tree`, shared with the reading of
+verl's keys, and are importable from here as before.
 """
 
 from __future__ import annotations
 
-import difflib
-import types
-import typing
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+
+from stages.config.model_tree import model_at, nested_model, sibling_keys, suggest
+from stages.config.verl_keys import verl_children
 
 # pydantic error type -> what the field expects, in words.
 EXPECTED = {
@@ -59,7 +63,11 @@ def format_validation_error(error: ValidationError, root: type[BaseModel]) -> li
 
 
 def dotted(loc: Sequence[str | int]) -> str:
-    """('a', 'b', 0, 'c') -> 'a.b[0].c'."""
+    """('a', 'b', 0, 'c') -> 'a.b[0].c'.
+
+    >>> dotted(("a", "b", 0, "c")), dotted(())
+    ('a.b[0].c', '<root>')
+    """
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -92,8 +100,6 @@ def _describe(item: dict[str, Any], root: type[BaseModel]) -> str:
 def _unknown_key_hint(root: type[BaseModel], loc: Sequence[str | int]) -> str:
     """Did-you-mean among the section's ppoflow keys and verl's keys there (a verl name is then
     read as its ppoflow key, e.g. ``grad_clip`` → ``optim.clip_grad``)."""
-    from stages.config.verl_keys import verl_children
-
     parent = dotted(loc[:-1]) if loc[:-1] else ""
     verl = {k[len(parent) + 1 :].split(".")[0] for k in verl_children(parent)} if parent else set()
     own = sibling_keys(root, loc[:-1])
@@ -101,43 +107,14 @@ def _unknown_key_hint(root: type[BaseModel], loc: Sequence[str | int]) -> str:
     return hint if hint.startswith("; did you mean") else suggest(str(loc[-1]), own)
 
 
-def suggest(key: str, known: Sequence[str]) -> str:
-    """'; did you mean …?' for the closest known keys, else the list of known keys.
-
-    >>> suggest("totl_epochs", ["total_epochs", "test_freq"])
-    "; did you mean 'total_epochs'?"
-    """
-    if not known:
-        return ""
-    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-    if close:
-        return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
-    return "; known keys here: " + ", ".join(sorted(known))
-
-
-def sibling_keys(root: type[BaseModel], parent_loc: Sequence[str | int]) -> list[str]:
-    """Field names of the model found at ``parent_loc`` under ``root`` (empty if none)."""
-    model = model_at(root, parent_loc)
-    return list(model.model_fields) if model is not None else []
-
-
-def model_at(root: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel] | None:
-    """The config model class at a key path, or None when the path leaves the model tree."""
-    model: type[BaseModel] | None = root
-    for part in loc:
-        if model is None or isinstance(part, int) or part not in model.model_fields:
-            return None
-        model = nested_model(model.model_fields[part].annotation)
-    return model
-
-
-def nested_model(annotation: Any) -> type[BaseModel] | None:
-    """The BaseModel class inside ``annotation`` (``X``, ``X | None``), or None."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            found = nested_model(arg)
-            if found is not None:
-                return found
-    return None
+__all__ = [
+    "BOUNDS",
+    "EXPECTED",
+    "ConfigError",
+    "dotted",
+    "format_validation_error",
+    "model_at",
+    "nested_model",
+    "sibling_keys",
+    "suggest",
+]

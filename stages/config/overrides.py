@@ -39,7 +39,7 @@ class Override:
 
 @functools.cache
 def _parser() -> Any:
-    """Hydra's override parser (built once; importing it costs ~0.1 s)."""
+    """Hydra's override parser (built once: importing it is slow)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create()

@@ -1,5 +1,7 @@
 """``PPORunConfig``: the whole run config, composed of one model per area.
 
+The sections and their fields are declared in :class:`~stages.config.schema_run.RunSchema` (which
+``verl_keys`` reads to tell ppoflow's keys from verl's); this module adds the validation.
 Validation order: verl's keys are read as ppoflow's (``verl_keys``), the ``ppoflow.plugins`` modules are
 imported (so the names they register pass the registry checks), every area validates its own fields,
 then the "null = inherit" fields are filled (``derived.fill_inherited``) and the cross-field rules
@@ -16,18 +18,12 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
-from stages.config._base import ConfigModel
 from stages.config.checks import cross_field_problems, cross_field_warnings
 from stages.config.derived import DerivedConfig, compute_derived, fill_inherited
-from stages.config.schema_actor import ActorRolloutRefConfig
-from stages.config.schema_algorithm import AlgorithmConfig
-from stages.config.schema_critic import CriticConfig
-from stages.config.schema_data import DataConfig
-from stages.config.schema_reward import RewardConfig
-from stages.config.schema_trainer import PPOFlowConfig, TrainerConfig
+from stages.config.schema_run import RunSchema
 from stages.config.verl_keys import translate_verl_keys
 from stages.plugins import import_plugins
 
@@ -42,28 +38,10 @@ class ConfigNotice(UserWarning):
     """How a verl setting was read: a verl key mapped to ppoflow's, or one with no effect."""
 
 
-class PPORunConfig(ConfigModel):
-    """One PPO-family training run: verl's areas plus ``ppoflow``'s own."""
+class PPORunConfig(RunSchema):
+    """One PPO-family training run: verl's areas plus ``ppoflow``'s own (the sections of
+    :class:`~stages.config.schema_run.RunSchema`), validated as the module says."""
 
-    data: DataConfig = Field(
-        default_factory=DataConfig, description="Datasets and batching (section)"
-    )
-    actor_rollout_ref: ActorRolloutRefConfig = Field(
-        default_factory=ActorRolloutRefConfig,
-        description="Policy model: actor update, rollout, reference (section)",
-    )
-    critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (section)")
-    reward: RewardConfig = Field(default_factory=RewardConfig, description="Scoring (section)")
-    algorithm: AlgorithmConfig = Field(
-        default_factory=AlgorithmConfig, description="Advantage estimator and KL penalty (section)"
-    )
-    trainer: TrainerConfig = Field(
-        default_factory=TrainerConfig, description="Run length, cadence, devices, logging (section)"
-    )
-    ppoflow: PPOFlowConfig = Field(
-        default_factory=PPOFlowConfig,
-        description="Artifacts, caching, tracking, workers [ppoflow-only] (section)",
-    )
     # The input mapping this config was validated from (before filling), so overrides applied
     # later re-resolve the inherited keys instead of keeping stale copies.
     _source: dict[str, Any] = PrivateAttr(default_factory=dict)
@@ -102,7 +80,7 @@ class PPORunConfig(ConfigModel):
     @property
     def derived(self) -> DerivedConfig:
         """use_critic, use_reference_policy, use_rm, dp_size and the batch sizes in sequences."""
-        return compute_derived(self)
+        return compute_derived(self, cross_field_warnings(self))
 
     @property
     def source(self) -> dict[str, Any]:

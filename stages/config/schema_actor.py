@@ -3,6 +3,10 @@
 Key names are verl's (``actor_rollout_ref.actor.clip_ratio``, ``…rollout.n``, …). ppoflow trains
 with DeepSpeed ZeRO instead of FSDP, so verl's ``fsdp_config`` block is replaced by the flat
 ``zero_stage`` / ``param_offload`` / ``optimizer_offload`` keys.
+
+The defaults of the loss settings (clipping, sapo's temperatures, aggregation, entropy and KL-loss
+terms, ``policy_loss.*``) are the math's own (:mod:`stages.algos.defaults`), which the losses also
+fall back to when a verl-style config leaves a field out: one source.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from stages.algos.defaults import ACTOR_LOSS_DEFAULTS, POLICY_LOSS_DEFAULTS
 from stages.config._base import ConfigModel, Dtype, LossAggMode
 from stages.config.choices import KlEstimatorName, PolicyLossName, RolloutBackendName
 
@@ -94,26 +99,31 @@ class PolicyLossConfig(ConfigModel):
     """Which policy loss the actor minimizes, and the knobs of the covariance-based ones."""
 
     loss_mode: PolicyLossName = Field(
-        "vanilla",
+        POLICY_LOSS_DEFAULTS["loss_mode"],
         description="Policy loss: a name in the loss registry (stages.algos.policy_loss_config.POLICY_LOSSES), a ppoflow.plugins module's included (name)",
     )
     clip_cov_ratio: float = Field(
-        0.0002, gt=0, le=1, description="clip_cov: fraction of valid tokens detached (ratio)"
+        POLICY_LOSS_DEFAULTS["clip_cov_ratio"],
+        gt=0,
+        le=1,
+        description="clip_cov: fraction of valid tokens detached (ratio)",
     )
     clip_cov_lb: float = Field(
-        1.0, description="clip_cov: lower bound of the centered covariance window (covariance)"
+        POLICY_LOSS_DEFAULTS["clip_cov_lb"],
+        description="clip_cov: lower bound of the centered covariance window (covariance)",
     )
     clip_cov_ub: float = Field(
-        5.0, description="clip_cov: upper bound of the centered covariance window (covariance)"
+        POLICY_LOSS_DEFAULTS["clip_cov_ub"],
+        description="clip_cov: upper bound of the centered covariance window (covariance)",
     )
     kl_cov_ratio: float = Field(
-        0.0002,
+        POLICY_LOSS_DEFAULTS["kl_cov_ratio"],
         gt=0,
         le=1,
         description="kl_cov: fraction of valid tokens given the KL penalty (ratio)",
     )
     ppo_kl_coef: float = Field(
-        0.1,
+        POLICY_LOSS_DEFAULTS["ppo_kl_coef"],
         ge=0,
         description="kl_cov: coefficient of |log ratio| on the selected tokens (coefficient)",
     )
@@ -151,32 +161,42 @@ class ActorConfig(ConfigModel):
         42, description="Seed of the mini-batch shuffle; + DP rank on each rank (seed)"
     )
     clip_ratio: float = Field(
-        0.2,
+        ACTOR_LOSS_DEFAULTS["clip_ratio"],
         gt=0,
         lt=1,
         description="PPO clip range ε; the fallback for clip_ratio_low/high (ratio)",
     )
     clip_ratio_low: float | None = Field(
-        None,
+        ACTOR_LOSS_DEFAULTS["clip_ratio_low"],
         gt=0,
         lt=1,
         description="Lower clip ε_low (ratio ≥ 1 − ε_low); null = clip_ratio [ppoflow: verl defaults to 0.2, so clip_ratio alone changes neither side] (ratio)",
     )
     clip_ratio_high: float | None = Field(
-        None,
+        ACTOR_LOSS_DEFAULTS["clip_ratio_high"],
         gt=0,
         description="Upper clip ε_high (ratio ≤ 1 + ε_high); null = clip_ratio [ppoflow: verl defaults to 0.2] (ratio)",
     )
     clip_ratio_c: float = Field(
-        3.0, gt=1, description="Dual-clip bound c for negative advantages; must be > 1 (ratio)"
+        ACTOR_LOSS_DEFAULTS["clip_ratio_c"],
+        gt=1,
+        description="Dual-clip bound c for negative advantages; must be > 1 (ratio)",
     )
-    tau_pos: float = Field(1.0, gt=0, description="sapo: gate temperature for A > 0 (temperature)")
-    tau_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for A ≤ 0 (temperature)")
+    tau_pos: float = Field(
+        ACTOR_LOSS_DEFAULTS["tau_pos"],
+        gt=0,
+        description="sapo: gate temperature for A > 0 (temperature)",
+    )
+    tau_neg: float = Field(
+        ACTOR_LOSS_DEFAULTS["tau_neg"],
+        gt=0,
+        description="sapo: gate temperature for A ≤ 0 (temperature)",
+    )
     policy_loss: PolicyLossConfig = Field(
         default_factory=PolicyLossConfig, description="Policy loss choice and its knobs (section)"
     )
     loss_agg_mode: LossAggMode = Field(
-        "token-mean",
+        ACTOR_LOSS_DEFAULTS["loss_agg_mode"],
         description="How token losses become one loss; token-mean divides by the mini-batch's token count summed over all DP ranks, which ppoflow always passes, so any DP size is valid (choice)",
     )
     loss_scale_factor: float | None = Field(
@@ -185,18 +205,22 @@ class ActorConfig(ConfigModel):
         description="seq-mean-token-sum-norm divisor; null = the padded response length; only valid with that mode (tokens)",
     )
     entropy_coeff: float = Field(
-        0.0, description="Weight of the entropy bonus subtracted from the policy loss (coefficient)"
+        ACTOR_LOSS_DEFAULTS["entropy_coeff"],
+        description="Weight of the entropy bonus subtracted from the policy loss (coefficient)",
     )
     calculate_entropy: bool = Field(
         False, description="Compute the entropy even when entropy_coeff is 0, for metrics (bool)"
     )
     use_kl_loss: bool = Field(
-        False,
+        ACTOR_LOSS_DEFAULTS["use_kl_loss"],
         description="Add kl_loss_coef × KL(π‖π_ref) to the actor loss; needs the reference policy (bool)",
     )
-    kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss (coefficient)")
+    kl_loss_coef: float = Field(
+        ACTOR_LOSS_DEFAULTS["kl_loss_coef"], ge=0, description="Weight of the KL loss (coefficient)"
+    )
     kl_loss_type: KlEstimatorName = Field(
-        "low_var_kl", description="KL estimator of the KL loss; '+' = k2 gradient (name)"
+        ACTOR_LOSS_DEFAULTS["kl_loss_type"],
+        description="KL estimator of the KL loss; '+' = k2 gradient (name)",
     )
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Actor optimizer (section)")
     zero_stage: Literal[0, 1, 2, 3] = Field(

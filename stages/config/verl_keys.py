@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from stages.config.interpolation import Evaluator, iter_leaves
+from stages.config.model_tree import nested_model, suggest
 
 TABLE_PATH = Path(__file__).with_name("verl_keys.yaml")
 DEFAULTS_PATH = Path(__file__).with_name("verl_defaults.yaml")
@@ -122,8 +123,7 @@ def _yaml_loader() -> type:
 @functools.cache
 def _schema_keys() -> frozenset[str]:
     """Every dotted key of ppoflow's schema, sections included."""
-    from stages.config.errors import nested_model
-    from stages.config.root import PPORunConfig
+    from stages.config.schema_run import RunSchema
 
     keys: set[str] = set()
 
@@ -134,15 +134,17 @@ def _schema_keys() -> frozenset[str]:
             if child is not None:
                 walk(child, f"{prefix}{name}.")
 
-    walk(PPORunConfig, "")
+    walk(RunSchema, "")
     return frozenset(keys)
 
 
 @functools.cache
 def _schema_defaults() -> dict[str, Any]:
-    from stages.config.root import PPORunConfig
+    """The default run config with its inherited keys filled (what ``PPORunConfig()`` holds)."""
+    from stages.config.derived import fill_inherited
+    from stages.config.schema_run import RunSchema
 
-    return PPORunConfig().model_dump(mode="json")
+    return fill_inherited(RunSchema()).model_dump(mode="json")
 
 
 def schema_defaults() -> dict[str, Any]:
@@ -338,13 +340,13 @@ class _Translator:
         return value // dp, text
 
     def dp_size(self) -> int:
-        from stages.config.root import PPORunConfig
+        from stages.config.schema_run import RunSchema
 
         sizes = []
         for key in DP_KEYS:
             section, name = key.split(".")
             value = (self.tree.get(section) or {}).get(name)
-            default = PPORunConfig.model_fields[section].default_factory().__dict__[name]
+            default = RunSchema.model_fields[section].default_factory().__dict__[name]
             sizes.append(value if isinstance(value, int) and value > 0 else default)
         return sizes[0] * sizes[1]
 
@@ -370,8 +372,6 @@ class _Translator:
         return default is ... and value in (False, 0, "", [], {})
 
     def unknown(self, key: str, value: Any) -> None:
-        from stages.config.errors import suggest
-
         if key in _verl_sections():  # a verl section given a value
             names = sorted(
                 {k[len(key) + 1 :].split(".")[0] for k in verl_children(key)} - {"_target_"}

@@ -1,4 +1,4 @@
-"""Group-based outcome estimators: worked numbers (fact sheet §7), loop oracles, edge cases."""
+"""Group-based outcome estimators: worked numbers (verl 0.9.1's behaviour), loop oracles, edge cases."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from stages.algos.advantages_group import (
     group_ids,
 )
 
-# fact sheet §7: groups {1, 0}, {1, 1} and a singleton {1}
+# verl 0.9.1's numbers: groups {1, 0}, {1, 1} and a singleton {1}
 SCORES = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0])
 UID = np.array(["a", "a", "b", "b", "c"], dtype=object)
 

@@ -39,7 +39,7 @@ def test_gae_one_row_constant_advantage_whitens_to_exact_zero():
 
 
 def test_gae_masked_position_holds_whitened_carried_value():
-    """Fact sheet §7: masked positions are not zeroed after whitening.
+    """As in verl 0.9.1: masked positions are not zeroed after whitening.
 
     Row 0: reward 2 at the end, V = 0 → A = [2, 2, 2].
     Row 1: mask [1, 0, 1], reward 1 at the end, V = 0 on valid tokens (9 on the masked one):

@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 import torch
 
+from stages.algos.aggregation import AGG_LOSS_MODES, GlobalBatchInfo, aggregate_loss
+from stages.algos.defaults import KL_CTRL_DEFAULTS
 from stages.algos.kl import (
     KL_ESTIMATORS,
     KLEstimatorSpec,
@@ -15,6 +17,7 @@ from stages.algos.kl import (
     register_kl_estimator,
     unavailable_kl_penalties,
 )
+from stages.algos.kl_control import KL_CONTROLLERS, get_kl_controller
 from stages.algos.policy_loss_config import (
     POLICY_LOSSES,
     PolicyLossSettings,
@@ -117,3 +120,29 @@ def test_a_registered_kl_estimator_is_usable_with_its_straight_through_variant()
 def test_a_spec_without_function_must_need_the_full_distribution() -> None:
     with pytest.raises(ValueError, match="fn=None exactly when"):
         KLEstimatorSpec(fn=None)
+
+
+@pytest.mark.parametrize("name", KL_CONTROLLERS.names())
+def test_each_kl_controller_refuses_exactly_the_fields_it_declares_positive(name: str) -> None:
+    numeric = [field for field, value in KL_CTRL_DEFAULTS.items() if field != "type"]
+    refused = set()
+    for field in numeric:
+        try:
+            get_kl_controller({**KL_CTRL_DEFAULTS, "type": name, field: 0})
+        except ValueError:
+            refused.add(field)
+    assert refused == set(KL_CONTROLLERS.get(name).positive), name
+    assert (
+        get_kl_controller({**KL_CTRL_DEFAULTS, "type": name}).value == KL_CTRL_DEFAULTS["kl_coef"]
+    )
+
+
+@pytest.mark.parametrize("mode", AGG_LOSS_MODES.names())
+def test_each_aggregation_reads_the_scale_factor_exactly_when_it_declares_so(mode: str) -> None:
+    loss, mask = (
+        torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 0.0]]),
+        torch.tensor([[1, 1, 1], [1, 1, 0]]),
+    )
+    plain = aggregate_loss(loss, mask, mode, GlobalBatchInfo())
+    scaled = aggregate_loss(loss, mask, mode, GlobalBatchInfo(loss_scale_factor=7.0))
+    assert bool(plain != scaled) == AGG_LOSS_MODES.get(mode).reads_loss_scale_factor, mode

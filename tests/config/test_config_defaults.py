@@ -1,4 +1,4 @@
-"""Defaults equal verl 0.9.1's (fact sheet §6) unless documented; the rendered YAML never drifts."""
+"""Defaults equal verl 0.9.1's unless documented; the rendered YAML never drifts."""
 
 from __future__ import annotations
 
@@ -17,13 +17,15 @@ MODULES = [
     "stages.config.errors",
     "stages.config.interpolation",
     "stages.config.loading",
+    "stages.config.model_tree",
     "stages.config.root",
     "stages.config.overrides",
     "stages.config.schema_actor",
+    "stages.config.schema_run",
     "stages.config.verl_keys",
 ]
 
-# dotted key -> verl 0.9.1 default (reference/verl-0.9.1-behavior.md §6)
+# dotted key -> verl 0.9.1 default (verl's trainer config)
 VERL_DEFAULTS = {
     "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
     "actor_rollout_ref.actor.ppo_epochs": 1,
