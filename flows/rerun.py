@@ -30,6 +30,14 @@
    metric diff as the table artifact ``metric_diff.json`` (metric, original, re-run, delta).
    The branch directory gets a run_info.json naming that run.
 
+Nothing of the parent is written (a parent on a read-only disk can be branched): the parent's
+artifact retention finds the branch from the branch's ``rerun.json`` (beside the parent, or
+through this machine's branch index, where the re-run notes it: flows/runs/branches.py). Every
+check that needs only the parent (stage names, the step and its journal, the overrides, the
+step input and the reused artifacts) is made before anything is written; a re-run that fails
+after that (a missing checkpoint, a scorer that fails, an interrupt) removes what it wrote
+(:func:`removed_on_failure`), so a failed or refused re-run leaves no branch directory.
+
 Engines are built lazily (:class:`LazyEngines`): only a stage that actually computes touches
 one. Weight-reading stages need the weights at the start of step k: the initial model for step
 1, else the checkpoint saved after step k − 1 (``trainer.save_freq``) under
@@ -44,13 +52,17 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import fsspec
 
 from dataproto import keys as K
 from dataproto.artifact import ArtifactError, Verify, load_artifact, read_manifest
@@ -62,10 +74,18 @@ from flows.engines import (
     roles_for,
 )
 from flows.process.device import apply_device
+from flows.runs.branches import index_dir, note_branch, parent_chain, remove_notes
 from flows.runs.checkpoints import DATA_ROLE, STATE_FILE
 from flows.runs.identity import CACHE_HITS, run_info, run_tags
 from flows.runs.retention import pruned_error
-from flows.runs.store import CONFIG_FILE, RERUN_FILE, RUN_INFO_FILE, RunStore, StepJournal
+from flows.runs.store import (
+    CONFIG_FILE,
+    RERUN_FILE,
+    RUN_INFO_FILE,
+    RunStore,
+    StepJournal,
+    lies_in,
+)
 from flows.stage_task import check_reusable
 from flows.step_flow import StepFlow, StepResult, run_step
 from flows.train import step_metrics
@@ -75,6 +95,8 @@ from stages.engines.checkpoint_manifest import verify_checkpoint
 from stages.ppo import PPO_STAGES
 from stages.reward.stage import LOOP_ENGINE, MODEL_ENGINE
 from stages.stage import Stage, StageContext
+
+log = logging.getLogger(__name__)
 
 #: the flow-computed last stage of the stage table (docs/architecture.md) (data, timing, throughput metrics)
 METRICS_STAGE = "metrics"
@@ -361,11 +383,12 @@ def default_rerun_dir(parent_dir: str, step: int, from_stage: str) -> str:
 
 
 def parent_step(parent: RunStore, step: int) -> StepJournal:
-    """The parent's finished journal of ``step``; a clear error when there is none."""
+    """The parent's finished journal of ``step``; a clear error when there is none, or when it
+    names an artifact outside the parent (``RunStore.check_journal_paths``)."""
     steps = parent.steps()
     if step not in steps:
         raise ValueError(f"{parent.root} has no step {step}; its steps are {steps or 'none'}")
-    journal = parent.read_journal(step)
+    journal = parent.check_journal_paths(parent.read_journal(step))
     if journal.status != "done" or journal.input_artifact is None:
         raise ValueError(
             f"step {step} of {parent.root} did not finish (journal status {journal.status!r}); "
@@ -374,22 +397,6 @@ def parent_step(parent: RunStore, step: int) -> StepJournal:
     if journal.pruned is not None:
         raise pruned_error(journal, parent.root)
     return journal
-
-
-def parent_chain(store: RunStore) -> list[str]:
-    """The run directories ``store`` branched from, nearest first (from their ``rerun.json``).
-
-    A directory whose ``rerun.json`` names no existing parent ends the chain (a branch copied
-    away from its parent)."""
-    chain: list[str] = []
-    current = store
-    while current.exists(RERUN_FILE) and len(chain) < 64:
-        parent = str(current.load_json(RERUN_FILE).get("parent_run_dir") or "")
-        if not parent or parent in chain or parent == store.root:
-            break
-        chain.append(parent)
-        current = RunStore(parent)
-    return chain
 
 
 def load_step_input(journal: StepJournal, origin: str, verify: Verify) -> Any:
@@ -412,14 +419,64 @@ def load_step_input(journal: StepJournal, origin: str, verify: Verify) -> Any:
 def open_branch(parent: RunStore, cfg: PPORunConfig, new_dir: str, info: dict) -> RunStore:
     """The new run dir: config, ``rerun.json``, and a copy of the parent's cache records; the
     branch looks for cache hits' artifacts in its own directory, then in its parent chain."""
-    store = RunStore(new_dir, parents=[parent.root, *parent_chain(parent)])
+    store = RunStore(new_dir, parents=[parent.root, *parent_chain(parent.root)])
+    fs, path = fsspec.core.url_to_fs(store.root)
+    if fs.exists(path) and not fs.isdir(path):
+        raise ValueError(f"{store.root} is a file; choose a new directory as --run-dir")
     if store.steps() or store.exists(RERUN_FILE) or store.exists(CONFIG_FILE):
         raise ValueError(f"{store.root} already holds a run; choose another --run-dir")
+    if any(lies_in(store.root, run) for run in store.parents):
+        raise ValueError(
+            f"{store.root} lies inside the run {parent.root} (or a run it branched from), which "
+            "a re-run only reads; choose a --run-dir outside it"
+        )
     store.save_config(cfg)
     store.save_json(RERUN_FILE, info)
     if Path(parent.cache_dir).is_dir():
         shutil.copytree(parent.cache_dir, store.cache_dir, dirs_exist_ok=True)
     return store
+
+
+@contextmanager
+def removed_on_failure(root: str) -> Iterator[None]:
+    """Run the block; when it raises, remove what it added under the run directory ``root``:
+    the directory itself when the block made it, else the entries it added (a ``--run-dir``
+    that existed keeps what it held; a path that was a file is left alone). A refused or
+    failed re-run leaves no branch."""
+    fs, path = fsspec.core.url_to_fs(root)
+    existed, was_dir = fs.exists(path), fs.isdir(path)
+    before = {entry.rstrip("/") for entry in fs.ls(path, detail=False)} if was_dir else set()
+    try:
+        yield
+    except BaseException:
+        with suppress(OSError):
+            if not existed:
+                if fs.exists(path):
+                    fs.rm(path, recursive=True)
+            elif was_dir:
+                for entry in fs.ls(path, detail=False):
+                    if entry.rstrip("/") not in before:
+                        fs.rm(entry, recursive=True)
+        raise
+
+
+def note_in_index(store: RunStore, step: int) -> list[Path]:
+    """Note the branch in this machine's branch index for its parent chain (so their retention
+    keeps the step's artifacts, flows/runs/branches.py); the notes written. An index that
+    cannot be written is one warning: the branch is then found only beside its parent."""
+    chain = list(store.parents)
+    try:
+        return note_branch(store.root, step, chain)
+    except OSError as err:
+        log.warning(
+            "could not note the branch %s in the branch index %s (%s); the artifact retention "
+            "of %s finds it only when it lies beside that run",
+            store.root,
+            index_dir(),
+            err,
+            chain[0],
+        )
+        return []
 
 
 # --- the branch in MLflow ------------------------------------------------------------------------
@@ -489,6 +546,48 @@ def log_branch_run(
     return sink.run_id
 
 
+def run_branch_step(
+    store: RunStore,
+    cfg: PPORunConfig,
+    parent_cfg: PPORunConfig,
+    journal: StepJournal,
+    stages: tuple[Stage, ...],
+    before: list[str],
+    step_input: Any,
+    reuse: dict[str, Any],
+    origin: str,
+    refresh: bool,
+    verify: Verify,
+) -> tuple[StepResult, dict[str, float], list[str]]:
+    """Run the step's stages into the branch ``store`` and write its journal: (the step's
+    result, its metrics, the engines built)."""
+    step = journal.step
+    engines = lazy_engines(cfg, step)
+    try:
+        result = run_step.fn(
+            stages,
+            step_input,
+            StageContext(config=cfg, engines=engines, step=step),
+            store,
+            step,
+            weights_fingerprints=weights_lookup(weights_at_start(journal, parent_cfg, step), step),
+            refresh=[s.name for s in stages if s.name not in before] if refresh else (),
+            verify=verify,
+            reuse=reuse,
+            reuse_origin=origin,
+            previous=journal,
+        )
+    finally:
+        engines.close()
+    metrics = dict(result.metrics)
+    if K.ADVANTAGES in result.batch.batch:
+        epoch = int(journal.metrics.get("training/epoch", 0))
+        metrics = step_metrics(result, cfg, step, epoch)
+    result.journal.metrics, result.journal.weights = metrics, dict(journal.weights)
+    store.write_journal(result.journal)
+    return result, metrics, list(engines.built)
+
+
 def _rerun(
     run_dir: str,
     step: int,
@@ -521,40 +620,26 @@ def _rerun(
     step_input = load_step_input(journal, origin, verify)  # read before the branch is written,
     reuse = reusable_records(journal, before)
     check_reusable(reuse, origin, verify)  # so a damaged parent leaves no half-made branch
-    store = open_branch(
-        parent, cfg, new_run_dir or default_rerun_dir(parent.root, step, from_stage), info
-    )
-    engines = lazy_engines(cfg, step)
+    new_dir = new_run_dir or default_rerun_dir(parent.root, step, from_stage)
+    notes: list[Path] = []
     try:
-        result = run_step.fn(
-            stages,
-            step_input,
-            StageContext(config=cfg, engines=engines, step=step),
-            store,
-            step,
-            weights_fingerprints=weights_lookup(weights_at_start(journal, parent_cfg, step), step),
-            refresh=[s.name for s in stages if s.name not in before] if refresh else (),
-            verify=verify,
-            reuse=reuse,
-            reuse_origin=origin,
-            previous=journal,
-        )
-    finally:
-        engines.close()
-    metrics = dict(result.metrics)
-    if K.ADVANTAGES in result.batch.batch:
-        epoch = int(journal.metrics.get("training/epoch", 0))
-        metrics = step_metrics(result, cfg, step, epoch)
-    result.journal.metrics, result.journal.weights = metrics, dict(journal.weights)
-    store.write_journal(result.journal)
-    parent.record_branch(store.root, step)  # the parent's retention keeps this step's artifacts
-    original = dict(journal.metrics)
-    if (to_stage or METRICS_STAGE) != METRICS_STAGE:  # stages after --to did not run: not a change
-        original = {name: value for name, value in original.items() if name in metrics}
-    changes = metric_diff(original, metrics)
-    mlflow_run_id = None
-    if "mlflow" in cfg.trainer.logger:
-        mlflow_run_id = log_branch_run(cfg, parent, store, info, metrics, changes)
+        with removed_on_failure(new_dir):  # the parent is only read; a failure leaves no branch
+            store = open_branch(parent, cfg, new_dir, info)
+            notes = note_in_index(store, step)  # the parent's retention keeps the step meanwhile
+            result, metrics, engines_built = run_branch_step(
+                store, cfg, parent_cfg, journal, stages, before, step_input, reuse, origin,
+                refresh, verify,
+            )  # fmt: skip
+            original = dict(journal.metrics)
+            if (to_stage or METRICS_STAGE) != METRICS_STAGE:  # stages after --to did not run
+                original = {name: value for name, value in original.items() if name in metrics}
+            changes = metric_diff(original, metrics)
+            mlflow_run_id = None
+            if "mlflow" in cfg.trainer.logger:
+                mlflow_run_id = log_branch_run(cfg, parent, store, info, metrics, changes)
+    except BaseException:
+        remove_notes(notes)
+        raise
     return RerunResult(
         run_dir=store.root,
         parent_dir=parent.root,
@@ -563,7 +648,7 @@ def _rerun(
         metrics=metrics,
         changes=changes,
         unchanged=len(compared_names(original, metrics)) - len(changes),
-        engines_built=list(engines.built),
+        engines_built=engines_built,
         mlflow_run_id=mlflow_run_id,
     )
 

@@ -3,7 +3,8 @@
 Recomputes stages of one past step into a new run directory (flows/rerun.py), prints which
 stages ran, were cached or reused, and the metric diff against the original; the last line
 printed is the new run directory. Exit status: 0 on success; 2 for a bad config or argument; 1
-for any other failure, with a one-line error on stderr.
+for any other failure, with a one-line error on stderr. The run branched from is only read, and a
+refused or failed re-run leaves no new run directory (flows/rerun.py).
 """
 
 from __future__ import annotations

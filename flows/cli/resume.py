@@ -12,7 +12,8 @@ one. The last line printed is the run directory, as for ``ppoflow train``.
 Refused with one line and exit status 2: a directory without ``config.json`` (not a run), an
 override of ``trainer.resume_mode`` / ``trainer.resume_from_path`` (this command always takes the
 newest checkpoint), a run without a checkpoint, and a newest checkpoint that another run wrote
-(checkpoint folders can be shared between runs). Exit status 1 for a failure while training.
+(checkpoint folders can be shared between runs; the run directories are compared with symbolic
+links resolved, so a run resumed through a link to its directory is the run itself). Exit status 1 for a failure while training.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from flows.cli.train import (
     quiet_prefect,
     train_in_phases,
 )
+from flows.runs.branches import same_run
 from flows.runs.checkpoints import checkpoint_run, read_run_state, resume_checkpoint
 from flows.runs.store import CONFIG_FILE, RUN_INFO_FILE, RunStore
 from stages.config import ConfigError, PPORunConfig, apply_overrides, validate_config
@@ -86,7 +88,7 @@ def resume_config(store: RunStore, overrides: Sequence[str]) -> tuple[PPORunConf
         )
     step = checkpoint.step
     writer = checkpoint_run(read_run_state(root, step, verify="fast"))["run_dir"]
-    if writer is not None and writer != store.root:
+    if writer is not None and not same_run(writer, store.root):  # links resolved
         raise ValueError(
             f"the newest checkpoint in {os.path.abspath(root)} (step {step}) was written by the "
             f"run {writer}, not {store.root}; resume that run, or give this one its own "

@@ -35,13 +35,20 @@ from typing import Any, Literal
 
 import fsspec
 
-from dataproto.artifact import Verify
+from dataproto.artifact import Verify, read_manifest
 from dataproto.artifact_store import MANIFEST
 from dataproto.report import describe_artifact
 from flows.jsonable import jsonable
 from flows.runs.derived_keys import from_step_input
 from flows.runs.retention import RetentionPolicy, pruned_error
-from flows.runs.store import CONFIG_FILE, RERUN_FILE, RunStore, StageRecord, StepJournal
+from flows.runs.store import (
+    CONFIG_FILE,
+    JOURNAL_FILE,
+    RERUN_FILE,
+    RunStore,
+    StageRecord,
+    StepJournal,
+)
 
 SCORE_METRIC = "critic/score/mean"
 STEP_TIME_METRIC = "timing_s/step"
@@ -430,12 +437,42 @@ def key_part_lines(parts: dict) -> list[str]:
     return lines
 
 
+def check_recorded_artifact(store: RunStore, step: int, record: StageRecord) -> None:
+    """Check that ``record.artifact`` holds what the journal recorded, as ``ppoflow rerun`` does
+    before it reuses one: its manifest names the record's stage and holds its fingerprint (so
+    an artifact folder swapped with another stage's, or another step's, is refused).
+
+    Raises:
+        ArtifactError: the manifest is missing or unreadable (named by read_manifest).
+        RunReportError: the manifest names another stage or fingerprint (one line naming the
+            artifact and the journal).
+    """
+    manifest = read_manifest(record.artifact)
+    journal = f"{store.step_dir(step)}/{JOURNAL_FILE}"
+    held_stage, held = manifest.get("stage"), str(manifest.get("fingerprint"))
+    if held_stage is not None and held_stage != record.stage:
+        raise RunReportError(
+            f"{record.artifact}: holds an artifact of stage {held_stage!r} (fingerprint "
+            f"{held[:16]}…), but {journal} records it for stage {record.stage!r} (the artifact "
+            "folder was swapped or replaced); restore it, or re-run the step"
+        )
+    if record.fingerprint is not None and held != record.fingerprint:
+        raise RunReportError(
+            f"{record.artifact}: holds fingerprint {held[:16]}…, but {journal} records "
+            f"{record.fingerprint[:16]}… for stage {record.stage!r} (the artifact folder was "
+            "swapped with another step's or replaced); restore it, or re-run the step"
+        )
+
+
 def stage_text(store: RunStore, step: int, stage: str, *, verify: Verify = "full") -> str:
     """One stage of one step: its record, then its artifact's description (schema, statistics,
     token ledger). A skipped stage has no artifact and shows its record only.
 
     Raises:
-        RunReportError: no such step or stage.
+        RunReportError: no such step or stage; the artifact holds another stage's or step's
+            output than the journal records.
+        ValueError: the journal names an artifact outside the run (and the runs it branched
+            from; ``RunStore.check_journal_paths``).
         ArtifactError: the artifact is missing or fails verification (``verify``).
     """
     (journal,) = read_journals(store, step)
@@ -445,6 +482,8 @@ def stage_text(store: RunStore, step: int, stage: str, *, verify: Verify = "full
         return "\n".join([*lines, "", f"no artifact: the stage was {record.status}"])
     if journal.pruned is not None:
         raise RunReportError(str(pruned_error(journal, store.root)))
+    store.check_journal_paths(journal, [stage])
+    check_recorded_artifact(store, step, record)
     from stages.ppo import PPO_STAGES
 
     complete = from_step_input(record.artifact, verify, PPO_STAGES)

@@ -11,8 +11,10 @@ rows: hundreds of MB). After each step, step ``s`` keeps its artifacts when any 
 - ``s`` can be re-run from a checkpoint: step 1 (the base models), or a step whose previous step
   has a checkpoint under ``trainer.default_local_dir`` (``ppoflow rerun`` builds a step's
   engines from the checkpoint saved before it);
-- a re-run branch of this run re-ran ``s`` (``<run>/branches/*.json``, written by
-  ``ppoflow rerun``): the branch's journal names the parent's artifacts of that step.
+- a re-run branch of this run re-ran ``s``: the branch's journal names the parent's artifacts
+  of that step. Branches are found from their ``rerun.json``, beside the run or through this
+  machine's branch index, and from the ``<run>/branches/*.json`` notes older versions wrote
+  (flows/runs/branches.py); ``ppoflow rerun`` writes nothing into the run.
 
 With both settings null (the default) nothing is pruned. Any other step is pruned
 (:func:`prune_step`): its journal is rewritten first with ``pruned`` set to the settings, then

@@ -10,8 +10,9 @@ Layout (``root`` is a local path or any fsspec URL)::
     <root>/step_<k>/journal.json       what happened in step k (StepJournal below)
     <root>/cache/                      Prefect's cache records (local roots; see RunStore)
     <root>/code/<fingerprint>.json     the files (name → BLAKE3) behind a stage's code fingerprint
-    <root>/branches/<id>.json          a re-run branch of this run and the step it re-ran
-                                       (flows/rerun.py), whose artifacts retention keeps
+    <root>/rerun.json                  a re-run branch's parent, step, stages and overrides
+                                       (flows/rerun.py); a run's branches are found from these
+                                       (flows/runs/branches.py), never written into the run
 
 Artifacts are named relative to the run directory in journals and cache records, so a copied
 or moved run directory is self-contained: it re-runs from its own files.
@@ -31,6 +32,7 @@ import hashlib
 import json
 import math
 import os
+import posixpath
 import re
 import shutil
 import tempfile
@@ -46,6 +48,8 @@ from dataproto.artifact import ArtifactRef, save_artifact
 from dataproto.artifact_store import naming_failed_writes
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from flows.jsonable import jsonable
+from flows.runs.branches import RERUN_FILE as RERUN_FILE
+from flows.runs.branches import find_branches, note_branch, parent_chain
 
 Status = Literal["ran", "cached", "skipped"]
 STATUSES = ("ran", "cached", "skipped")
@@ -53,9 +57,8 @@ CONFIG_FILE = "config.json"
 RUN_INFO_FILE = "run_info.json"  # the run's MLflow run and store (flows/runs/identity.py)
 #: the keys every run_info.json holds (a value is None when the run has no MLflow run)
 RUN_INFO_REQUIRED = ("mlflow_run_id", "mlflow_tracking_uri", "mlflow_experiment")
-RERUN_FILE = "rerun.json"  # a re-run branch's parent, step, stages and overrides (flows/rerun.py)
 JOURNAL_FILE = "journal.json"
-BRANCHES_DIR = "branches"  # branches/<id>.json: a re-run branch of this run (record_branch)
+BRANCHES_DIR = "branches"  # branches/<id>.json: notes older versions wrote (flows/runs/branches.py)
 CODE_DIR = "code"  # code/<fingerprint>.json: the files behind a stage's code fingerprint
 INPUT_NAME = "input"
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -172,6 +175,33 @@ def resolve_in_root(path: str | None, root: str | None) -> str | None:
     if path is None or root is None or path.startswith("/") or "://" in path:
         return path
     return f"{root.rstrip('/')}/{path}"
+
+
+def lies_in(path: str, root: str) -> bool:
+    """Whether ``path`` lies below ``root``, ``..`` segments applied; a local path also counts
+    when it does once symbolic links are resolved (a run reached through a link).
+
+    >>> lies_in("/r/step_1/x", "/r"), lies_in("/r/../etc/x", "/r"), lies_in("/rr/x", "/r")
+    (True, False, False)
+    """
+    if ("://" in path) != ("://" in root):
+        return False
+    inside = posixpath.normpath(path).startswith(posixpath.normpath(root).rstrip("/") + "/")
+    if inside or "://" in path:
+        return inside
+    return os.path.realpath(path).startswith(os.path.realpath(root).rstrip("/") + "/")
+
+
+def stage_label(stage: str) -> str:
+    """How an error names a stage's artifact: ``stage 'reward'``."""
+    return f"stage {stage!r}"
+
+
+def journal_paths(journal: StepJournal) -> list[tuple[str, str]]:
+    """(what, path) of every artifact a journal names: the step input, then each stage's."""
+    named = [("the step input", journal.input_artifact)]
+    named += [(stage_label(record.stage), record.artifact) for record in journal.stages]
+    return [(what, path) for what, path in named if path is not None]
 
 
 @dataclass
@@ -461,6 +491,35 @@ class RunStore:
             self.root,
         )
 
+    def check_journal_paths(
+        self, journal: StepJournal, stages: list[str] | None = None
+    ) -> StepJournal:
+        """``journal`` (of this run) after checking that the artifacts it names (the step input
+        and every stage's, or only those of ``stages``) lie in this run directory or, for a
+        re-run branch, in a run it branched from (``rerun.json``: a branch reuses its parent's
+        artifacts); the journal is returned, for chaining.
+
+        Raises:
+            ValueError: one line naming the journal, the stage and the path outside, e.g. a
+                journal copied from another run or edited by hand.
+        """
+        roots = [self.root, *self.parents, *parent_chain(self.root)]
+        named = journal_paths(journal)
+        if stages is not None:
+            wanted = {stage_label(stage) for stage in stages}
+            named = [(what, path) for what, path in named if what in wanted]
+        for what, path in named:
+            if not any(lies_in(path, root) for root in roots):
+                allowed = " or ".join(dict.fromkeys(roots))
+                shown = path if "://" in path else posixpath.normpath(path)  # ".." applied
+                raise ValueError(
+                    f"{self.step_dir(journal.step)}/{JOURNAL_FILE}: {what} names the artifact "
+                    f"{shown}, outside the run directory; a journal names artifacts in {allowed} "
+                    "(as ppoflow writes it), so this journal was edited or copied from another "
+                    "run: restore it, or re-run or inspect another step"
+                )
+        return journal
+
     def previous_journal(self, step: int) -> StepJournal | None:
         """The journal a step of an earlier training into this directory left (None if none, or
         unreadable: it only explains cache misses)."""
@@ -511,36 +570,24 @@ class RunStore:
         return removed
 
     def record_branch(self, branch_root: str, step: int) -> None:
-        """Note in this run that the run directory ``branch_root`` re-ran step ``step`` (and may
-        name this run's artifacts of that step): ``branches/<id>.json``."""
-        name = hashlib.sha256(branch_root.encode()).hexdigest()[:16]
-        data = {"run_dir": branch_root, "step": step}
-        self._write_text(f"{self.root}/{BRANCHES_DIR}/{name}.json", json.dumps(data))
+        """Note in this machine's branch index (flows/runs/branches.py), not in this run, that
+        the run directory ``branch_root`` re-ran step ``step`` of this run and of the runs it
+        branched from (:attr:`parents`), so their retention keeps that step's artifacts.
+
+        Raises:
+            OSError: the index cannot be written.
+        """
+        note_branch(branch_root, step, [self.root, *self.parents])
 
     def branches(self) -> dict[str, int]:
-        """Branch run directory → the step it re-ran, for the branches that still exist.
+        """Branch run directory → the step it re-ran, for the branches of this run that still
+        exist: beside it, in this machine's branch index, or noted in ``branches/`` by an older
+        ppoflow (flows/runs/branches.py).
 
         Raises:
             ValueError: a note is unreadable (named), so what it protects is unknown.
         """
-        directory = self._fs_path(f"{self.root}/{BRANCHES_DIR}")
-        if not self.fs.exists(directory):
-            return {}
-        found = {}
-        for entry in self.fs.ls(directory, detail=False):
-            if not entry.endswith(".json"):
-                continue
-            try:
-                data = json.loads(self.fs.cat_file(entry))
-                branch, step = str(data["run_dir"]), int(data["step"])
-            except (ValueError, KeyError, TypeError) as err:
-                raise ValueError(
-                    f'{entry}: unreadable branch note ({err}); expected {{"run_dir": …, '
-                    '"step": K}, as ppoflow rerun writes it'
-                ) from None
-            if RunStore(branch).exists(RERUN_FILE):
-                found[branch] = step
-        return found
+        return find_branches(self.root)
 
     # --- code manifests (the files behind a stage's code fingerprint) ---
 

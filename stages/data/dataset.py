@@ -230,6 +230,30 @@ def _reader(path: str):
     )
 
 
+def directory_given(path: str, fs: Any, fs_path: str) -> str:
+    """The line for a directory given as a data file: what is expected, and the data files it
+    holds (the first few), which are what to list instead."""
+    suffixes = PARQUET_SUFFIXES + JSONL_SUFFIXES
+    try:
+        inside = sorted(
+            entry.rstrip("/").rsplit("/", 1)[-1]
+            for entry in fs.ls(fs_path, detail=False)
+            if Path(entry.rstrip("/")).suffix.lower() in suffixes
+        )
+    except OSError:
+        inside = []
+    holds = (
+        f"; it holds {len(inside)} such file{'s' if len(inside) != 1 else ''} "
+        f"({', '.join(inside[:3])}{', …' if len(inside) > 3 else ''}): list those"
+        if inside
+        else ""
+    )
+    return (
+        f"data file {path!r} is a directory; data.train_files / data.val_files must list files, "
+        f"each a parquet or JSON Lines file ({', '.join(suffixes)}){holds}"
+    )
+
+
 def as_path_list(paths: str | Path | Sequence[str | Path]) -> list[str]:
     """One path or a sequence of paths → a list of str (the files of one split, in order)."""
     if isinstance(paths, (str, Path)):
@@ -252,6 +276,7 @@ def load_prompt_rows(
 
     Raises:
         FileNotFoundError: a file does not exist (named in the message).
+        IsADirectoryError: a path is a directory (named, with the data files it holds).
         ValueError: unknown format, bad JSON, a file with no rows (named), or a row with a
             missing column or a wrong type (the message names file, row and column, and what
             was expected).
@@ -264,6 +289,8 @@ def load_prompt_rows(
                 f"data file not found: {path!r}; data.train_files / data.val_files must list "
                 "existing parquet or JSON Lines files"
             )
+        if fs.isdir(fs_path):
+            raise IsADirectoryError(directory_given(path, fs, fs_path))
         read = _reader(path)
         before = len(rows)
         rows.extend(

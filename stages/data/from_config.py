@@ -39,8 +39,9 @@ def load_split(
     name a built-in scorer. A caller that only reads the data (no scoring) passes None.
 
     Raises:
-        FileNotFoundError / ValueError: a missing file, a file with no rows, a malformed row, or
-            no row left after the overlong filter (each names the file, and the row).
+        FileNotFoundError / IsADirectoryError / ValueError: a missing file, a directory given
+            as a file, a file with no rows, a malformed row, or no row left after the overlong
+            filter (each names the file, and the row).
         KeyError / NotImplementedError: a row whose route has no scorer (names file and row).
     """
     if split not in ("train", "val"):

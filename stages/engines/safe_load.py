@@ -10,7 +10,9 @@ critic in float32 and bfloat16 and loading each file: the model-state files need
 optimizer-state files of ZeRO 1–3 the stage enum and the loss scaler, those of ZeRO 1–2 also a
 tensor fragment's address). Any other global is refused before it is built, with one
 :class:`~stages.engines.checkpoint_manifest.CheckpointIntegrityError` line naming the file and
-the global.
+the global and saying that the file holds a pickled object safe loading refuses (a crafted
+checkpoint whose manifest was re-recorded passes the digest check and stops here); torch's own
+advice to load such a file unsafely is never passed on.
 
 - :func:`install_weights_only_loader` wraps a DeepSpeed engine's checkpoint engine in a
   :class:`WeightsOnlyCheckpointEngine` (DeepSpeed's own torch engine with a weights-only
@@ -33,8 +35,18 @@ import torch
 
 from stages.engines.checkpoint_manifest import CheckpointIntegrityError
 
-_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+#: torch's weights-only unpickler names the global it refuses in one of two ways: "Unsupported
+#: global: GLOBAL x.y was not an allowed global by default" and "Trying to load unsupported GLOBAL
+#: x.y whose module x is blocked"
+_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)")
+#: its other refusals of an object it will not build (a class or call the file names)
+_REFUSED = re.compile(
+    r"(Can only (?:build|create new object|append|extend|set)[^\n]*|Trying to call reduce for "
+    r"unrecognized function[^\n]*|\S+ must be imported to load[^\n]*)"
+)
 _REASON = re.compile(r"WeightsUnpickler error:\s*(\S[^\n]*)")
+#: torch's advice to load the file unsafely, cut from every line ppoflow prints
+_UNSAFE = re.compile(r"weights_only|arbitrary code|trusted source", re.IGNORECASE)
 
 
 def deepspeed_state_types() -> list[type]:
@@ -53,20 +65,23 @@ def weights_only_load(
     """``torch.load(path, weights_only=True)`` allowing :func:`deepspeed_state_types`.
 
     Raises:
-        CheckpointIntegrityError: the file names another global (the global is named), or is
-            not a torch file at all (damaged or truncated).
+        CheckpointIntegrityError: the file holds a pickled object safe loading refuses (the
+            global it names is named), or is not a torch file at all (damaged or truncated).
+            Neither line advises loading the file unsafely.
     """
     try:
         with torch.serialization.safe_globals(deepspeed_state_types()):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
-        named = _GLOBAL.search(str(err))
-        if named is None:
+        refused = _refused_object(str(err))
+        if refused is None:
             raise _unreadable(path, err) from None
         raise CheckpointIntegrityError(
-            f"refusing to read {os.fspath(path)}: it names {named.group(1)}, which torch.load("
-            "weights_only=True) does not build; a checkpoint ppoflow wrote holds tensors, plain "
-            "values and DeepSpeed's state classes only (a crafted or foreign file)"
+            f"refusing to read {os.fspath(path)}: {refused}; the checkpoint holds a pickled "
+            "object that safe loading refuses (ppoflow never builds what a checkpoint names "
+            "beyond tensors, plain values and DeepSpeed's state classes, which is all a "
+            "checkpoint it wrote holds), so this file was crafted or written by another "
+            "program: restore it from a copy you trust, or resume from another checkpoint"
         ) from None
     except OSError:
         raise
@@ -74,12 +89,33 @@ def weights_only_load(
         raise _unreadable(path, err) from None
 
 
+def _refused_object(message: str) -> str | None:
+    """What torch's weights-only unpickler refused to build, from its error message: ``it names
+    x.y`` (the global the file names), or its own words for another refused object; None when
+    the message is not a refusal (the bytes do not parse).
+
+    >>> _refused_object("Unsupported global: GLOBAL os.getenv was not an allowed global by default.")
+    'it names os.getenv'
+    >>> _refused_object("Trying to load unsupported GLOBAL posix.system whose module posix is blocked.")
+    'it names posix.system'
+    >>> _refused_object("Unsupported operand 149") is None
+    True
+    """
+    named = _GLOBAL.search(message)
+    if named is not None:
+        return f"it names {named.group(1)}"
+    other = _REFUSED.search(message)
+    return None if other is None else f"torch says: {other.group(1).strip()[:200]}"
+
+
 def _unreadable(path: str | os.PathLike, err: Exception) -> CheckpointIntegrityError:
-    """One line for a file torch cannot parse; torch's long weights-only preamble is cut to the
-    unpickler's own reason."""
+    """One line for a file torch cannot parse; torch's long weights-only preamble (and its
+    advice to load the file unsafely) is cut to the unpickler's own reason."""
     text = str(err)
     reason = _REASON.search(text)
-    what = reason.group(1) if reason else (text.strip().splitlines() or [""])[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    safe = [line for line in lines if not _UNSAFE.search(line)]
+    what = reason.group(1) if reason else (safe or ["no reason given"])[0]
     return CheckpointIntegrityError(
         f"checkpoint file {os.fspath(path)} cannot be read as a torch file "
         f"({type(err).__name__}: {what[:200]}); it is damaged or truncated"

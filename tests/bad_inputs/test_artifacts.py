@@ -2,16 +2,38 @@
 of a run), and a re-run that would reuse a damaged one.
 
 An artifact is verified before it is described or loaded (docs/reliability.md), so each case is
-one line naming the file and what is wrong with it; nothing of the run is rewritten.
+one line naming the file and what is wrong with it; nothing of the run is rewritten. A stage of
+a run is checked against its journal as ``rerun`` checks what it reuses: an artifact folder
+swapped with another stage's, or replaced by another valid artifact, is refused, naming both.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 REWARD = "run/step_1/reward"
+
+
+def swap_reward_and_advantage(step_dir: Path) -> None:
+    """The step's reward and advantage artifact folders swapped (each still a valid artifact)."""
+    os.rename(step_dir / "reward", step_dir / "swap")
+    os.rename(step_dir / "advantage", step_dir / "reward")
+    os.rename(step_dir / "swap", step_dir / "advantage")
+
+
+def another_reward(path: Path) -> None:
+    """The reward artifact replaced by a valid reward artifact of other content (as another
+    step's would be)."""
+    from dataproto.artifact import load_artifact, save_artifact
+
+    data = load_artifact(path)
+    data.batch["rm_scores"] = data.batch["rm_scores"] + 1
+    save_artifact(data, path, stage="reward", overwrite=True)
+
 
 # (test id, what the input is, file under the finished root, damage, arguments with {art} / {run},
 # exit status, needles)
@@ -50,6 +72,17 @@ CASES = [
     ("stage-manifest-truncated", "`inspect RUN --step 1 --stage reward`, its manifest truncated",
      f"{REWARD}/manifest.json", "truncate", ["inspect", "{run}", "--step", "1", "--stage", "reward"],
      1, ["{art}/manifest.json: unreadable manifest ("]),
+    ("stage-artifact-swapped",
+     "`inspect RUN --step 1 --stage reward`, the reward and advantage artifact folders swapped",
+     "run/step_1", swap_reward_and_advantage,
+     ["inspect", "{run}", "--step", "1", "--stage", "reward"], 1,
+     ["{art}: holds an artifact of stage 'advantage' (fingerprint ", "but {run}/step_1/journal.json "
+      "records it for stage 'reward' (the artifact folder was swapped or replaced); restore it"]),
+    ("stage-artifact-replaced",
+     "`inspect RUN --step 1 --stage reward`, the reward artifact replaced by another (valid) one",
+     REWARD, another_reward, ["inspect", "{run}", "--step", "1", "--stage", "reward"], 1,
+     ["{art}: holds fingerprint ", "but {run}/step_1/journal.json records ",
+      "for stage 'reward' (the artifact folder was swapped with another step's or replaced)"]),
     ("artifact-with-run-options", "`inspect ART --step 1` (run options on an artifact)",
      f"{REWARD}/manifest.json", lambda path: None, ["inspect", "{art}", "--step", "1"], 2,
      ["{art} is an artifact directory; --step, --stage and --json apply to a run directory"]),
@@ -91,3 +124,20 @@ def test_a_rerun_reusing_a_damaged_artifact_names_it(
     journals = [json.loads(p.read_text()) for p in branch.glob("step_*/journal.json")]
     assert all(journal["status"] != "done" for journal in journals)  # no step looks finished
     assert not branch.exists()  # the reused records are checked before the branch is written
+
+
+@pytest.mark.usefixtures("as_without_a_server")
+def test_a_rerun_reusing_a_swapped_artifact_names_it(
+    ppoflow, expect, unchanged, damaged, console, finished, tmp_path
+):
+    """What ``inspect --stage`` now refuses (above), ``rerun`` refused already: the reused
+    artifact must hold the fingerprint its journal records."""
+    branch = tmp_path / "branch"
+    with damaged(finished.run / "step_1", swap_reward_and_advantage), unchanged(*finished.dirs):
+        result = ppoflow("rerun", finished.run, "--step", "1", "--from", "advantage",
+                         "--to", "advantage", "--run-dir", branch)  # fmt: skip
+    expect(result, 2, f"{finished.artifact('reward')}: holds fingerprint ",
+           f"but the journal of {finished.run} step 1 records ", "(the artifact was replaced)",
+           console=console(), input="`rerun RUN --from advantage`, the reused reward artifact "
+           "folder swapped with the advantage one")  # fmt: skip
+    assert not branch.exists()

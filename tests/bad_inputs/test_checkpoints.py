@@ -3,10 +3,17 @@ damaged tracker, no checkpoint at all.
 
 Every load checks the step's manifest first (docs/reliability.md, Checkpoint integrity), so a
 damaged file is one ``CheckpointIntegrityError`` line naming it, before torch or DeepSpeed reads
-anything; the checkpoints and the run stay as they are, and an export writes no directory.
+anything; the checkpoints and the run stay as they are, and an export writes no directory. A
+crafted file whose manifest was re-recorded passes that check and is refused by the safe load
+(``torch.load(weights_only=True)``), naming the global it holds, never advising an unsafe load.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +119,74 @@ def test_resume_with_a_flipped_byte_in_the_weights_keeps_the_run(
            f"checkpoint {weights}: BLAKE3 digest", *FLIPPED[1:],
            input="`resume RUN`, a flipped byte in the actor weights (found by the full check)")  # fmt: skip
     assert not (finished.run / "step_2").exists()
+
+
+class _Calls:
+    """A pickled object that names ``function`` (called with ``argument`` on an unsafe load)."""
+
+    def __init__(self, function, argument: str) -> None:
+        self.function, self.argument = function, argument
+
+    def __reduce__(self):
+        return (self.function, (self.argument,))
+
+
+def crafted(function, argument: str):
+    """A damage of a checkpoint step folder: its actor weights file saved again with a pickled
+    object naming ``function`` beside the weights, and the step's manifest re-recorded (so the
+    digests check out, as they would for someone who can write the folder)."""
+
+    def craft(step_dir: Path) -> None:
+        import torch
+
+        from stages.engines.checkpoint_manifest import STEP_MANIFEST, write_step_manifest
+        from stages.engines.safe_load import weights_only_load
+
+        weights = step_dir / "actor" / "state" / "mp_rank_00_model_states.pt"
+        state = weights_only_load(weights)
+        state["note"] = _Calls(function, argument)
+        torch.save(state, weights)
+        entries = json.loads((step_dir / STEP_MANIFEST).read_text())["files"]
+        roles = sorted({entry["role"] for entry in entries})
+        write_step_manifest(step_dir.parent, int(step_dir.name.rsplit("_", 1)[1]), roles)
+
+    return craft
+
+
+# (test id, what the input is, the global, command with {run} / {ckpt} / {out}, needles)
+CRAFTED = [
+    ("export-crafted-blocked-global",
+     "`export RUN --step 1 OUT`, the actor weights re-saved with a pickled os.getenv call and "
+     "the manifest re-recorded", os.getenv, ["export", "{run}", "--step", "1", "{out}"],
+     ["refusing to read {ckpt}/global_step_1/actor/state/mp_rank_00_model_states.pt: it names "
+      "os.getenv; the checkpoint holds a pickled object that safe loading refuses"]),
+    ("export-crafted-unknown-global",
+     "`export RUN --step 1 OUT`, the actor weights re-saved with a pickled textwrap.dedent call "
+     "and the manifest re-recorded", textwrap.dedent, ["export", "{run}", "--step", "1", "{out}"],
+     ["mp_rank_00_model_states.pt: it names textwrap.dedent; the checkpoint holds a pickled "
+      "object that safe loading refuses", "restore it from a copy you trust"]),
+    ("resume-crafted-blocked-global",
+     "`resume RUN`, the actor weights re-saved with a pickled os.getenv call and the manifest "
+     "re-recorded", os.getenv, ["resume", "{run}", "trainer.total_training_steps=2"],
+     ["refusing to read {ckpt}/global_step_1/actor/state/mp_rank_00_model_states.pt: it names "
+      "os.getenv; the checkpoint holds a pickled object that safe loading refuses"]),
+]  # fmt: skip
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.parametrize(
+    ("described", "function", "args", "needles"),
+    [pytest.param(*c[1:], id=c[0]) for c in CRAFTED],
+)
+def test_a_crafted_checkpoint_is_refused_naming_the_global(
+    ppoflow, expect, fill, unchanged, damaged, console, finished, tmp_path,
+    described, function, args, needles,
+):  # fmt: skip
+    out = tmp_path / "out"
+    paths = {"run": finished.run, "ckpt": finished.checkpoints, "out": out}
+    with damaged(finished.step, crafted(function, "HOME")), unchanged(*finished.dirs):
+        result = ppoflow(*fill(args, **paths))
+    line = expect(result, 2, *fill(needles, **paths), input=described, console=console())
+    assert "weights_only" not in line and "damaged or truncated" not in line
+    assert "weights_only" not in result.output  # torch's advice to load it unsafely: not passed on
+    assert not out.exists() and not (finished.run / "step_2").exists()

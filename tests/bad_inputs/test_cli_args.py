@@ -137,6 +137,10 @@ RERUN = [
     ("rerun-into-a-run", "`rerun RUN … --run-dir RUN` (the new directory already holds a run)",
      ["--step", "1", "--from", "advantage", "--run-dir", "{run}"],
      ["{run} already holds a run; choose another --run-dir"]),
+    ("rerun-into-the-parent", "`rerun RUN … --run-dir RUN/branch` (inside the run it reads)",
+     ["--step", "1", "--from", "advantage", "--run-dir", "{run}/branch"],
+     ["{run}/branch lies inside the run {run} (or a run it branched from), which a re-run only "
+      "reads; choose a --run-dir outside it"]),
     ("rerun-bad-override", "`rerun RUN … algorithm.adv_estimator=nope`",
      ["--step", "1", "--from", "advantage", "algorithm.adv_estimator=nope"],
      ["invalid config (", "algorithm.adv_estimator: got 'nope'; allowed:"]),

@@ -68,6 +68,16 @@ CASES = [
     ("unknown-format", "a .csv file", "train",
      lambda d, t: (t / "x.csv").write_text("a,b\n") and t / "x.csv",
      ["unknown format '.csv'; expected one of ['.parquet'"]),
+    ("directory", "a directory given as a data file", "train",
+     lambda d, t: (t / "data").mkdir() or t / "data",
+     ["is a directory; data.train_files / data.val_files must list files, each a parquet or "
+      "JSON Lines file (.parquet, .jsonl, .json)"]),
+    ("directory-of-parquet-files", "a directory of parquet files given as a data file", "val",
+     lambda d, t: (t / "x.parquet").mkdir() or pq.write_table(pq.read_table(d.val),
+                                                               t / "x.parquet" / "part-0.parquet")
+     or t / "x.parquet",
+     ["is a directory; data.train_files / data.val_files must list files", "it holds 1 such file "
+      "(part-0.parquet): list those"]),
     ("missing-prompt-column", "a file without the prompt column", "train",
      lambda d, t: pq.write_table(pq.read_table(d.train).drop(["prompt"]), t / "x.parquet")
      or t / "x.parquet",

@@ -8,6 +8,9 @@ that record the call; the re-run must not build or call what it reuses.
 from __future__ import annotations
 
 import json
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from typer.testing import CliRunner
 
 from flows.cli.app import app
 from flows.rerun import rerun
+from flows.runs.branches import index_dir, run_key
 from flows.runs.store import RunStore
 from flows.train import train
 from stages.engines import roles
@@ -73,15 +77,29 @@ def model_calls(monkeypatch) -> list[str]:
     return calls
 
 
-def snapshot(run_dir: str) -> dict[str, float]:
-    """Every file of a run dir (except cache records and the notes of its re-run branches,
-    ``branches/``, which a re-run adds) → mtime, to prove it was not modified."""
+def snapshot(run_dir: str | Path) -> dict[str, tuple[int, int, int]]:
+    """Every file and folder of a run dir, the dir itself and its cache records included →
+    (size, mtime, ctime), to prove that nothing in it was written, added, removed, renamed or
+    linked (a folder's mtime changes when an entry is added, removed or renamed in it)."""
     root = Path(run_dir)
-    return {
-        str(p.relative_to(root)): p.stat().st_mtime_ns
-        for p in root.rglob("*")
-        if p.is_file() and not {"cache", "branches"} & set(p.relative_to(root).parts)
-    }
+    stats = {".": root.stat()}
+    stats.update({str(p.relative_to(root)): p.stat() for p in root.rglob("*")})
+    return {name: (st.st_size, st.st_mtime_ns, st.st_ctime_ns) for name, st in stats.items()}
+
+
+@contextmanager
+def read_only(*roots: Path) -> Iterator[None]:
+    """``chmod -R a-w`` on ``roots`` for the block, then their modes back. (The tests run as
+    root, whom permission bits do not stop: what proves the roots were only read is their
+    :func:`snapshot`, taken inside the block.)"""
+    modes = {p: p.stat().st_mode for root in roots for p in [root, *root.rglob("*")]}
+    for path, mode in modes.items():
+        path.chmod(stat.S_IMODE(mode) & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        yield
+    finally:
+        for path, mode in modes.items():
+            path.chmod(stat.S_IMODE(mode))
 
 
 def test_rerun_from_advantage_with_another_estimator(parent_run, tmp_path, model_calls):
@@ -111,6 +129,7 @@ def test_rerun_from_advantage_with_another_estimator(parent_run, tmp_path, model
     assert "critic/score/mean" not in changed  # the same responses and rewards
     assert snapshot(parent_run["run_dir"]) == before  # the original run is never modified
     assert RunStore(parent_run["run_dir"]).branches()[result.run_dir] == 2  # only noted
+    assert not (Path(parent_run["run_dir"]) / "branches").exists()  # noted outside the parent
     info = json.loads((tmp_path / "branch" / "rerun.json").read_text())
     assert info["parent_run_dir"] == parent_run["run_dir"] and info["from"] == "advantage"
 
@@ -160,6 +179,31 @@ def test_a_missing_checkpoint_is_named(parent_run, tmp_path):
     )
     assert outcome.exit_code == 1
     assert "global_step_1" in outcome.output and "trainer.save_freq" in outcome.output
+    assert not (tmp_path / "fails").exists()  # a failed re-run leaves no branch
+    assert str(tmp_path / "fails") not in RunStore(parent_run["run_dir"]).branches()
+
+
+def test_a_read_only_parent_is_only_read(parent_run, tmp_path):
+    """A parent run (and its checkpoints) made read-only is branched from a stage that loads the
+    checkpoint; nothing under them changes, and the parent still finds its branch (beside it
+    or through the branch index, not through a file written into it)."""
+    run_dir = Path(parent_run["run_dir"])
+    checkpoints = parent_run["root"] / "checkpoints"
+    with read_only(run_dir, checkpoints):
+        before = snapshot(run_dir), snapshot(checkpoints)
+        result = rerun(
+            str(run_dir),
+            2,
+            "advantage",
+            overrides=["algorithm.adv_estimator=rloo"],
+            new_run_dir=str(tmp_path / "from-read-only"),
+        )
+        after = snapshot(run_dir), snapshot(checkpoints)
+    assert after == before
+    assert "update_actor" in [r.stage for r in result.result.records if r.status == "ran"]
+    assert RunStore(str(run_dir)).branches()[result.run_dir] == 2
+    note = index_dir() / run_key(str(run_dir)) / f"{run_key(result.run_dir)}.json"
+    assert json.loads(note.read_text())["run_dir"] == result.run_dir
 
 
 def test_rerun_takes_verl_legacy_reward_spellings(parent_run, tmp_path):

@@ -88,6 +88,21 @@ def test_the_newest_checkpoint_of_another_run_is_refused(tmp_path):
     assert result.exit_code == 2 and "(step 4) was written by the run" in one_error_line(result)
 
 
+def test_a_run_reached_through_a_link_resumes_its_own_checkpoint(tmp_path):
+    """The run directory named through a symbolic link is the run that wrote the checkpoint
+    (paths compared resolved), both ways round."""
+    store = make_run(tmp_path, str(tmp_path / "ckpt"))
+    checkpoint(tmp_path / "ckpt", 2, store.root)
+    link = tmp_path / "link"
+    link.symlink_to(store.root, target_is_directory=True)
+    assert resume_config(open_resumable(str(link)), [])[1] == 2
+    checkpoint(tmp_path / "ckpt", 3, str(link))  # trained through the link, resumed by its path
+    assert resume_config(store, [])[1] == 3
+    checkpoint(tmp_path / "ckpt", 4, str(tmp_path / "elsewhere"))  # still: another run's
+    with pytest.raises(ValueError, match=f"written by the run {tmp_path}/elsewhere, not "):
+        resume_config(open_resumable(str(link)), [])
+
+
 def test_resume_takes_the_newest_checkpoint_with_the_overrides(tmp_path):
     store = make_run(tmp_path, str(tmp_path / "ckpt"), "trainer.total_training_steps=4")
     checkpoint(tmp_path / "ckpt", 2, store.root)

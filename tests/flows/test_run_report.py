@@ -6,6 +6,10 @@ The run built by ``build_run`` (no training, no Prefect):
     step 2  done     rollout cached (artifact in a parent run directory), reward ran,
                      values skipped, advantage ran; metrics with a NaN
     step 3  running  rollout ran (nothing else recorded yet)
+
+With ``branch=True`` its ``rerun.json`` names that parent, as a re-run branch's does: only a
+branch's journal may name artifacts outside its own directory (those of the runs it branched
+from), and ``inspect --stage`` refuses any other path outside the run.
 """
 
 from __future__ import annotations
@@ -56,10 +60,13 @@ def _delta(step: int, key: str) -> DataProto:
     return DataProto.from_dict({key: torch.full((4,), float(step))})
 
 
-def build_run(root: str, parent: str) -> RunStore:
-    """The run of the module docstring under ``root``; step 2's rollout lives under ``parent``."""
+def build_run(root: str, parent: str, branch: bool = False) -> RunStore:
+    """The run of the module docstring under ``root``; step 2's rollout lives under ``parent``
+    (with ``branch``, the run is a re-run branch of ``parent``)."""
     store = RunStore(root)
     store.save_config({"trainer": {"experiment_name": "unit"}, "algorithm": {"gamma": 1.0}})
+    if branch:
+        store.save_json("rerun.json", {"parent_run_dir": parent, "step": 2, "from": "reward"})
     parent_store = RunStore(parent)
     for step in (1, 2, 3):
         batch = make_sample_batch(2, 2, 4, 4, seed=step)
@@ -284,7 +291,7 @@ def test_run_without_config_or_without_steps(tmp_path):
 def test_memory_run_dir():
     name = f"memory://ppoflow-run-report-{uuid.uuid4().hex[:8]}"
     try:
-        store = build_run(f"{name}/run", f"{name}/parent")
+        store = build_run(f"{name}/run", f"{name}/parent", branch=True)
         table = inspect(store.root)
         assert table.exit_code == 0, table.output
         assert _table_rows(table.output)["2"]["rollout"] == "cached"
