@@ -25,6 +25,10 @@ REWARD_BASELINES = "reward_baselines"  # (B,) float32: ReMax greedy-sample rewar
 BASELINE_RESPONSES = "baseline_responses"  # (B, R) int64: ReMax greedy response of the row's prompt
 BASELINE_RESPONSE_MASK = "baseline_response_mask"  # (B, R) int64 {0,1}: its response mask
 ENTROPYS = "entropys"  # (B, R) float32: per-token entropy (dropped after old_log_prob)
+#: (B, R) float32: decoupled rollout correction's detached IS weights (0 on padding)
+ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
+#: (B, R) {0,1} in response_mask's dtype: response_mask less the tokens rejection sampling rejects
+ROLLOUT_RS_MASK = "rollout_rs_mask"
 PROMPT_LENGTH = "prompt_length"  # (B,) int64, optional: precomputed valid prompt lengths
 RESPONSE_LENGTH = "response_length"  # (B,) int64, optional: precomputed valid response lengths
 PROMPT_INPUT_IDS = "prompt_input_ids"  # (B, P) int64: the step input's prompts, left-padded
@@ -58,6 +62,8 @@ GLOBAL_TOKEN_NUM = "global_token_num"  # list[int]: per-row attention-mask sums
 METRICS = "metrics"  # dict[str, list | float]: merged specially by concat
 REWARD_EXTRA_KEYS = "reward_extra_keys"  # list[str]: non-tensor keys holding reward extras
 KL_COEF = "kl_coef"  # float: the KL-in-reward coefficient β of this step (the controller's value)
+#: dict: bypass mode's algorithm.rollout_correction settings, handed to the actor's update
+ROLLOUT_CORRECTION = "rollout_correction"
 
 #: keys whose dim 1 is the response-token axis (R)
 RESPONSE_TOKEN_KEYS = frozenset(
@@ -74,6 +80,8 @@ RESPONSE_TOKEN_KEYS = frozenset(
         ADVANTAGES,
         RETURNS,
         ENTROPYS,
+        ROLLOUT_IS_WEIGHTS,
+        ROLLOUT_RS_MASK,
         BASELINE_RESPONSES,
         BASELINE_RESPONSE_MASK,
     }

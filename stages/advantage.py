@@ -3,7 +3,10 @@
 requires: ``rm_scores`` / ``response_mask`` (B, R), ``uid`` (B,).
 optional: ``old_log_probs`` / ``ref_log_prob`` (B, R) and ``meta_info.kl_coef`` (KL in reward),
 ``values`` (B, R) (gae), ``reward_baselines`` (B,) (remax: the baseline_reward stage's scores of
-the greedy responses; without them the remax estimator fails naming the key).
+the greedy responses; without them the remax estimator fails naming the key),
+``rollout_rs_mask`` (B, R) (rollout rejection sampling: it is the response mask of every step
+below, as verl replaces response_mask; a rejected row's score still enters the group statistics
+of the GRPO family, its advantages are 0).
 produces: ``token_level_scores``, ``token_level_rewards``, ``advantages``, ``returns`` (B, R).
 
 1. token_level_scores = rm_scores.
@@ -24,6 +27,7 @@ from dataproto import DataProto
 from dataproto import keys as K
 from stages.algos.compute_advantage import compute_advantage
 from stages.algos.kl_control import kl_penalized_rewards
+from stages.rollout_correction import response_mask_of
 from stages.stage import Stage, StageContext, meta, non_tensor, tensor
 
 KL_METRIC = "actor/reward_kl_penalty"
@@ -52,7 +56,7 @@ def rewards_with_kl(batch: DataProto, config) -> tuple[object, dict[str, float]]
         scores,
         _need(batch, K.OLD_LOG_PROBS, "the KL in the reward"),
         _need(batch, K.REF_LOG_PROB, "the KL in the reward (the ref_log_prob stage)"),
-        batch.batch[K.RESPONSE_MASK],
+        response_mask_of(batch),
         beta=beta,
         kl_penalty=algorithm.kl_penalty,
     )
@@ -62,7 +66,7 @@ def rewards_with_kl(batch: DataProto, config) -> tuple[object, dict[str, float]]
 def advantage_fn(batch: DataProto, ctx: StageContext) -> DataProto:
     """requires: rm_scores, response_mask, uid; produces: the four (B, R) tensors above."""
     rewards, metrics = rewards_with_kl(batch, ctx.config)
-    inputs = {K.TOKEN_LEVEL_REWARDS: rewards, K.RESPONSE_MASK: batch.batch[K.RESPONSE_MASK]}
+    inputs = {K.TOKEN_LEVEL_REWARDS: rewards, K.RESPONSE_MASK: response_mask_of(batch)}
     for key in (K.VALUES, K.REWARD_BASELINES):
         if key in batch.batch:
             inputs[key] = batch.batch[key]
@@ -101,6 +105,7 @@ ADVANTAGE_STAGE = Stage(
         tensor(K.VALUES),
         tensor(K.REWARD_BASELINES),
         meta(K.KL_COEF),
+        tensor(K.ROLLOUT_RS_MASK),
     ),
     config_keys=(
         "algorithm.adv_estimator",

@@ -14,6 +14,11 @@ The reward stage is ``stages.reward.stage.REWARD_STAGE`` with two additions: the
 With ``algorithm.adv_estimator: remax`` two more stages run: ``baseline_rollout`` after the
 rollout (one greedy response per prompt) and ``baseline_reward`` after the reward (its score,
 ``reward_baselines``); both are skipped for every other estimator.
+
+Without bypass mode (``algorithm.rollout_correction.bypass_mode``) the rollout-correction stages
+run after ``old_log_prob``: ``rollout_correction`` (the mismatch metrics) always, ``rollout_is``
+(``rollout_is_weights``) and ``rollout_rs`` (``rollout_rs_mask``) when their option is set
+(``stages/rollout_correction.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ from stages.ref_log_prob import REF_LOG_PROB_STAGE
 from stages.reward.baseline import BASELINE_REWARD_STAGE
 from stages.reward.stage import REWARD_STAGE
 from stages.rollout import BASELINE_ROLLOUT_STAGE, PROMPT_KEYS, ROLLOUT_STAGE
+from stages.rollout_correction import (
+    ROLLOUT_CORRECTION_STAGE,
+    ROLLOUT_IS_STAGE,
+    ROLLOUT_RS_STAGE,
+)
 from stages.stage import Stage, non_tensor
 from stages.update_actor import UPDATE_ACTOR_STAGE
 from stages.update_critic import UPDATE_CRITIC_STAGE
@@ -52,6 +62,9 @@ PPO_STAGES: tuple[Stage, ...] = (
     PPO_REWARD_STAGE,
     BASELINE_REWARD_STAGE,
     OLD_LOG_PROB_STAGE,
+    ROLLOUT_CORRECTION_STAGE,
+    ROLLOUT_IS_STAGE,
+    ROLLOUT_RS_STAGE,
     REF_LOG_PROB_STAGE,
     VALUES_STAGE,
     ADVANTAGE_STAGE,

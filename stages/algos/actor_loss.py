@@ -50,6 +50,8 @@ from stages.algos.policy_loss_config import (
     zero_masked,
 )
 from stages.algos.policy_losses import get_policy_loss_fn
+from stages.algos.policy_losses_bypass import BYPASS_LOSSES, BypassLossSettings
+from stages.algos.rollout_correction import RolloutCorrectionSettings
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ def compute_actor_loss(
     rollout_is_weights: Tensor | None = None,
     global_batch_info: GlobalBatchInfo | Mapping[str, Any] | None = None,
     generator: torch.Generator | None = None,
+    rollout_correction: RolloutCorrectionSettings | Mapping[str, Any] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Actor loss of one micro-batch (module formula) and its metrics.
 
@@ -112,9 +115,17 @@ def compute_actor_loss(
         entropy: (B, R) token entropy, differentiable; None = no entropy term (verl adds it
             whenever it was computed, i.e. calculate_entropy or entropy_coeff ≠ 0).
         ref_log_prob: (B, R) reference log-probs (``ref_log_prob``); required when use_kl_loss.
-        rollout_is_weights: optional (B, R) importance weights for the policy term.
+        rollout_is_weights: optional (B, R) importance weights multiplied into the policy term's
+            per-token loss before aggregation (decoupled rollout correction's
+            ``rollout_is_weights``).
         global_batch_info: denominators shared by all terms; None = ``config.global_batch_info``.
         generator: RNG for sampling losses (clip_cov).
+        rollout_correction: bypass mode's rollout-correction settings
+            (``algorithm.rollout_correction``), or None. Given, the policy term is the
+            ``BYPASS_LOSSES`` entry of their ``loss_type`` (``policy_losses_bypass.py``;
+            ``old_log_prob`` is then the rollout's log-probs) instead of
+            ``policy_loss.loss_mode``, as verl's trainer switches the loss; the entropy and KL
+            terms keep ``response_mask``.
 
     Returns:
         (loss scalar, metrics of detached 0-d tensors).
@@ -123,10 +134,15 @@ def compute_actor_loss(
         ValueError: use_kl_loss without ref_log_prob.
     """
     policy_cfg = resolve_policy_loss_config(config)
+    if rollout_correction is None:
+        policy_loss_fn = get_policy_loss_fn(policy_cfg.loss_mode)
+    else:  # bypass mode: its loss_type's entry replaces policy_loss.loss_mode, as in verl
+        correction = RolloutCorrectionSettings.resolve(rollout_correction)
+        policy_cfg = BypassLossSettings.of(policy_cfg, correction)
+        policy_loss_fn = BYPASS_LOSSES.get(correction.loss_type).fn
     terms = ActorLossTerms.resolve(config)
     info = resolve_global_info(policy_cfg, global_batch_info)
     mode = policy_cfg.loss_agg_mode
-    policy_loss_fn = get_policy_loss_fn(policy_cfg.loss_mode)
     pg_loss, metrics = policy_loss_fn(
         old_log_prob,
         log_prob,

@@ -39,8 +39,19 @@ KL_CTRL_DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {"type": "fixed", "kl_coef": 0.001, "horizon": 10000, "target_kl": 0.1}
 )
 
-#: ``algorithm.rollout_correction.*`` (None: the run config fills it from the rollout backend)
-ROLLOUT_CORRECTION_DEFAULTS: Mapping[str, Any] = MappingProxyType({"bypass_mode": None})
+#: ``algorithm.rollout_correction.*`` (verl's YAML defaults; ``bypass_mode`` None: the run config
+#: fills it from the rollout backend)
+ROLLOUT_CORRECTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        "rollout_is": None,
+        "rollout_is_threshold": 2.0,
+        "rollout_is_batch_normalize": False,
+        "rollout_rs": None,
+        "rollout_rs_threshold": None,
+        "bypass_mode": None,
+        "loss_type": "ppo_clip",
+    }
+)
 
 #: ``actor_rollout_ref.actor.*`` read by the policy losses and the actor loss's extra terms
 #: (``clip_ratio_low`` / ``clip_ratio_high`` None: each falls back to ``clip_ratio``)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from stages.algos.advantages import ADV_ESTIMATORS
 from stages.algos.aggregation import AGG_LOSS_MODES
+from stages.algos.defaults import ROLLOUT_CORRECTION_DEFAULTS
 from stages.algos.kl_control import KL_CONTROLLERS
 from stages.config.derived import is_critic_used
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from stages.config.root import PPORunConfig
 
 ARR = "actor_rollout_ref"
+RC = "algorithm.rollout_correction"
 DP = "trainer.n_gpus_per_node × trainer.nnodes"
 
 
@@ -34,6 +36,7 @@ def cross_field_problems(cfg: PPORunConfig) -> list[str]:
         *_batch_problems(cfg, "actor"),
         *(_batch_problems(cfg, "critic") if is_critic_used(cfg) else []),
         *_algorithm_problems(cfg),
+        *_rollout_correction_problems(cfg),
         *_loss_problems(cfg),
         *_engine_problems(cfg),
         *_trainer_problems(cfg),
@@ -106,6 +109,46 @@ def _algorithm_problems(cfg: PPORunConfig) -> list[str]:
             problems.append(
                 f"algorithm.kl_ctrl.{field} = {value} but the {ctrl.type} controller needs > 0"
             )
+    return problems
+
+
+def _rollout_correction_problems(cfg: PPORunConfig) -> list[str]:
+    """Settings that would do nothing (a bypass loss_type outside bypass mode, batch
+    normalization without weights) and a policy loss that bypass mode's would replace.
+
+    (Every rollout backend returns ``rollout_log_probs``, so IS and rejection always have them;
+    the stages that read them require the key, and a step plan without it fails naming it.)"""
+    rc, problems = cfg.algorithm.rollout_correction, []
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    default_loss = ROLLOUT_CORRECTION_DEFAULTS["loss_type"]
+    if rc.loss_type != default_loss and not rc.bypass_mode:
+        problems.append(
+            f"{RC}.loss_type = {rc.loss_type!r} needs {RC}.bypass_mode = true (it is bypass "
+            f"mode's loss, weighing the current policy against the rollout's log-probs; got "
+            f"bypass_mode = {str(rc.bypass_mode).lower()}); set bypass_mode = true or loss_type = "
+            f"{default_loss!r}"
+        )
+    if rc.rollout_is_batch_normalize and rc.rollout_is is None:
+        problems.append(
+            f"{RC}.rollout_is_batch_normalize = true has no effect with {RC}.rollout_is = null; "
+            "set rollout_is (token or sequence) or remove it"
+        )
+    asks = [
+        text
+        for text, asked in (
+            (f"rollout_is = {rc.rollout_is!r}", rc.rollout_is is not None),
+            (f"rollout_rs = {','.join(rc.rollout_rs or ())!r}", rc.rollout_rs is not None),
+            (f"loss_type = {rc.loss_type!r}", rc.loss_type != default_loss),
+        )
+        if asked
+    ]
+    if rc.bypass_mode and asks and loss_mode != "vanilla":
+        problems.append(
+            f"{ARR}.actor.policy_loss.loss_mode = {loss_mode!r} would be replaced: with "
+            f"{RC}.bypass_mode = true and {', '.join(asks)} the policy loss is bypass mode's "
+            f"{rc.loss_type!r} loss (verl replaces it silently); use loss_mode = 'vanilla', or "
+            "bypass_mode = false to correct with the weights and mask in decoupled mode"
+        )
     return problems
 
 
@@ -223,6 +266,14 @@ def cross_field_warnings(cfg: PPORunConfig) -> list[str]:
         warnings.append(
             f"algorithm.adv_estimator = {algo.adv_estimator!r} with {ARR}.rollout.n = 1: every "
             "group is a singleton, so the group baseline is not used; set n > 1"
+        )
+    rc = algo.rollout_correction
+    if rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is is not None:
+        warnings.append(
+            f"{RC}.rollout_is = {rc.rollout_is!r} with bypass_mode = true and loss_type = "
+            "'ppo_clip': the weights are computed for the rollout_corr/* metrics only (the PPO "
+            "ratio already is π_θ/π_rollout, as in verl); set bypass_mode = false to multiply them "
+            "into the loss, or loss_type = 'reinforce'"
         )
     if cfg.critic.enable and not estimator.needs_values:
         warnings.append(

@@ -17,6 +17,7 @@ from dataproto import DataProto, keys
 from stages.algos.actor_loss import compute_actor_loss
 from stages.algos.aggregation import GlobalBatchInfo, aggregate_loss
 from stages.algos.micro_batch import restore_order
+from stages.algos.rollout_correction import RolloutCorrectionSettings
 from stages.engines.batching import MicroBatching
 from stages.engines.dispatch import real_rows_mask
 from stages.engines.ppo_update import PPOUpdateSettings, ppo_update, take_rows
@@ -92,12 +93,21 @@ def update_actor(
     denominators, so gradients accumulate unscaled and the step follows the last micro-batch.
     Metrics: loss terms summed over micro-batches (then averaged over mini-batches); clip
     fractions and ppo_kl averaged over micro-batches; grad_norm and lr once per optimizer step.
+
+    Rollout correction: a ``rollout_is_weights`` tensor in the batch (decoupled mode) multiplies
+    each micro-batch's per-token policy loss; bypass mode's settings in
+    ``meta_info["rollout_correction"]`` make the policy loss bypass mode's, and its
+    ``rollout_corr/*`` metrics are averaged over micro-batches like the clip fractions.
     """
+    correction = batch.meta_info.get(keys.ROLLOUT_CORRECTION)
     micro_loss = functools.partial(
         actor_micro_loss,
         temperature=float(batch.meta_info.get(keys.TEMPERATURE, 1.0)),
         needs_entropy=needs_entropy,
         loss_config=loss_config,
+        rollout_correction=None
+        if correction is None
+        else RolloutCorrectionSettings.resolve(correction),
     )
     return ppo_update(
         engine, batch.batch, settings, micro_loss, prefix="actor", summed=SUMMED_LOSS_METRICS
@@ -112,10 +122,12 @@ def actor_micro_loss(
     temperature: float,
     needs_entropy: bool,
     loss_config: Any,
+    rollout_correction: RolloutCorrectionSettings | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The policy loss of one micro-batch of b rows (``compute_actor_loss`` under ``info``): the
     (b, R) log-probs (and entropies when asked) at ``temperature`` through ``engine``, against
-    ``old_log_probs``, ``advantages``, ``response_mask`` and, when present, ``ref_log_prob``."""
+    ``old_log_probs``, ``advantages``, ``response_mask`` and, when present, ``ref_log_prob`` and
+    ``rollout_is_weights``; bypass mode's loss with ``rollout_correction``."""
     log_prob, entropy = _forward_logprobs(engine, micro, temperature, needs_entropy)
     return compute_actor_loss(
         log_prob,
@@ -125,5 +137,7 @@ def actor_micro_loss(
         loss_config,
         entropy=entropy,
         ref_log_prob=micro.get(keys.REF_LOG_PROB, None),
+        rollout_is_weights=micro.get(keys.ROLLOUT_IS_WEIGHTS, None),
         global_batch_info=info,
+        rollout_correction=rollout_correction,
     )

@@ -30,6 +30,16 @@ PLACEHOLDERS = {
     "n": "[0-9]+",
     "k": "[0-9]+",
     "mean_or_std": "mean|std",
+    # rollout correction (the rs_option words are stages.algos.rollout_correction.ROLLOUT_RS_OPTIONS)
+    "rs_option": "token_k1|token_k2|token_k3|seq_sum_k1|seq_sum_k2|seq_sum_k3|seq_mean_k1|"
+    "seq_mean_k2|seq_mean_k3|seq_max_k2|seq_max_k3",
+    "is_extreme": "max|min",
+    "side": "high|low",
+    "is_seq_stat": "mean|std|max|min|max_deviation",
+    "rs_token_stat": "mean|std",
+    "rs_extreme": "max|min|fraction_high|fraction_low",
+    "rs_seq_stat": "mean|std|max|min|max_deviation|fraction_high|fraction_low",
+    "policy": "training|rollout",
 }
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
@@ -65,6 +75,19 @@ _NON_ABORTED = "non-aborted (response length > 0), non-padding rows; NaN if ther
 _TOKENS = "response tokens (response_mask = 1) of non-padding rows; NaN if there are none"
 _VAL = "process_validation_metrics + split_val_core_aux"
 _PER_UID = "then averaged over the prompts (uids) of the data source that have this metric"
+_RC = "rollout_correction / rollout_is / rollout_rs stages (decoupled); update_actor (bypass)"
+_RC_WHERE = (
+    " (decoupled mode: the step batch, π_train = old_log_probs; bypass mode: each actor "
+    "micro-batch, π_train = the current policy, then averaged over micro-batches and mini-batches)"
+)
+_RC_TOKENS = "response tokens (the original response_mask)" + _RC_WHERE
+_RC_ROWS = "non-empty responses (rows with a response token)" + _RC_WHERE
+_RC_TOKENS_OR_ROWS = (
+    "response tokens (token mode) or non-empty responses (sequence mode)" + _RC_WHERE
+)
+_RS_TOKENS_OR_ROWS = (
+    "response tokens (token_* options) or non-empty responses (seq_* options)" + _RC_WHERE
+)
 
 _ENTRIES = [
     # --- compute_data_metrics ---
@@ -241,6 +264,155 @@ _ENTRIES = [
         "β, the KL-in-reward coefficient used this step (fixed or adaptive controller).",
         "none (a coefficient)",
         "advantage (apply_kl_penalty)",
+    ),
+    # --- rollout correction: importance weights (rollout_is) ---
+    (
+        "rollout_corr/rollout_is_mean",
+        "Mean IS weight w = π_train/π_rollout as applied (after the TIS clamp or IcePop's zeroing, before batch normalization).",
+        _RC_TOKENS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_is_{is_extreme}",
+        "Largest / smallest IS weight: the applied weights (token mode) or each response's raw weight exp(Σ log r), the max capped at e^20 (sequence mode).",
+        _RC_TOKENS_OR_ROWS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_is_ratio_fraction_{side}",
+        "Share of raw weights above the upper threshold u (high) or below the lower one (low; 1/u for TIS).",
+        _RC_TOKENS_OR_ROWS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_is_std",
+        "sqrt(E[w²] − E[w]²) of the applied weights clamped to [0, u]; 0 with fewer than 2 tokens.",
+        _RC_TOKENS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_is_eff_sample_size",
+        "Effective sample size 1 / E[(w / E[w])²] of the applied weights clamped to [0, u]; 1 = uniform weights.",
+        _RC_TOKENS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_is_seq_{is_seq_stat}",
+        "Per response, the mean applied weight over its tokens; then their mean, std (unbiased, 0 for one response), max, min, or max_deviation = max |mean weight − 1|.",
+        _RC_ROWS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_is_seq_fraction_{side}",
+        "Share of responses whose raw mean weight is above u (high) or below the lower threshold (low; 1/u for TIS).",
+        _RC_ROWS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_is_oob_ratio",
+        "IcePop ('lo_hi' threshold): share of weights outside [lo, hi], set to 0.",
+        _RC_TOKENS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_is_batch_norm_factor",
+        "rollout_is_batch_normalize: the mean the weights were divided by (token mode: over the tokens; sequence mode: of the responses' mean weights); 1 when that mean is ≤ 1e-8.",
+        "response tokens or non-empty responses, by mode" + _RC_WHERE,
+        _RC,
+    ),
+    # --- rollout correction: rejection sampling (rollout_rs), per option and overall ---
+    (
+        "rollout_corr/rollout_rs_{rs_option}_{rs_token_stat}",
+        "The option's statistic s (k1 = −log r, k2 = ½(log r)², k3 = r − 1 − log r per token; a seq_* option's response sum, mean or max on each of its tokens): mean, or std of s clamped to the option's bounds (k1: [log lo, log hi]; k2/k3: [0, hi]; 0 with fewer than 2 tokens).",
+        _RC_TOKENS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_rs_{rs_option}_{rs_extreme}",
+        "Max / min of the option's statistic, and the share above its upper bound (fraction_high) or below its lower bound (fraction_low; k1 only, else 0).",
+        _RS_TOKENS_OR_ROWS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_rs_{rs_option}_seq_{rs_seq_stat}",
+        "Per response, the option's value (seq_* options) or the mean of its token values (token_* options); then their mean, std (unbiased), max, min, max_deviation = max |value|, or the share above the upper / below the lower bound (seq_fraction_low for k1 options only).",
+        _RC_ROWS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_rs_{rs_option}_masked_fraction",
+        "Share of response tokens this option rejects.",
+        _RC_TOKENS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_rs_{rs_option}_seq_masked_fraction",
+        "Share of responses with at least one token this option rejects.",
+        _RC_ROWS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_rs_masked_fraction",
+        "Share of response tokens rejected by any option (removed from the response mask).",
+        _RC_TOKENS,
+        _RC,
+    ),
+    (
+        "rollout_corr/rollout_rs_seq_masked_fraction",
+        "Share of responses with at least one rejected token.",
+        _RC_ROWS,
+        _RC,
+    ),
+    # --- rollout correction: the mismatch between π_train and π_rollout ---
+    (
+        "rollout_corr/kl",
+        "KL(π_rollout ‖ π_train) estimate: mean(log π_rollout − log π_train).",
+        _RC_TOKENS,
+        _RC,
+    ),
+    (
+        "rollout_corr/k3_kl",
+        "The same KL by the k3 estimator: mean(r − log r − 1), r = π_train/π_rollout.",
+        _RC_TOKENS,
+        _RC,
+    ),
+    (
+        "rollout_corr/{policy}_ppl",
+        "Perplexity of the responses under π_train (training) or π_rollout (rollout): the mean over responses of exp(−mean token log-prob).",
+        _RC_ROWS,
+        _RC,
+    ),
+    (
+        "rollout_corr/{policy}_log_ppl",
+        "As {policy}_ppl in log space: the mean over responses of −mean token log-prob.",
+        _RC_ROWS,
+        _RC,
+    ),
+    (
+        "rollout_corr/log_ppl_diff",
+        "Mean over responses of d = mean log π_rollout − mean log π_train (log of the training / rollout perplexity ratio).",
+        _RC_ROWS,
+        _RC,
+    ),
+    ("rollout_corr/log_ppl_abs_diff", "Mean over responses of |d|.", _RC_ROWS, _RC),
+    (
+        "rollout_corr/log_ppl_diff_{is_extreme}",
+        "Largest / smallest d over the responses.",
+        _RC_ROWS,
+        _RC,
+    ),
+    ("rollout_corr/ppl_ratio", "Mean over responses of exp(d).", _RC_ROWS, _RC),
+    (
+        "rollout_corr/chi2_token",
+        "χ² divergence per token: E[r²] − 1, r = exp(clamp(log r, −20, 20)).",
+        _RC_TOKENS,
+        _RC,
+    ),
+    (
+        "rollout_corr/chi2_seq",
+        "χ² divergence per response: E[exp(2 · clamp(Σ log r, −20, 20))] − 1.",
+        _RC_ROWS,
+        _RC,
     ),
     # --- critic ---
     (
@@ -437,6 +609,24 @@ STEP_METRICS = {
     "kl_in_reward": ("actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"),
     "kl_loss": ("actor/kl_loss", "actor/kl_coef"),
     "remax": ("timing_s/baseline_rollout", "timing_s/baseline_reward", "reward/baseline_mean"),
+    "rollout_correction": (
+        "timing_s/rollout_correction",
+        *(f"rollout_corr/{name}" for name in ("kl", "k3_kl", "log_ppl_diff", "log_ppl_abs_diff")),
+        "rollout_corr/{policy}_ppl",
+        "rollout_corr/{policy}_log_ppl",
+        "rollout_corr/log_ppl_diff_{is_extreme}",
+        *(f"rollout_corr/{name}" for name in ("ppl_ratio", "chi2_token", "chi2_seq")),
+    ),
+    "rollout_is": (
+        "timing_s/rollout_is",
+        "rollout_corr/rollout_is_mean",
+        "rollout_corr/rollout_is_{is_extreme}",
+        "rollout_corr/rollout_is_ratio_fraction_{side}",
+        "rollout_corr/rollout_is_std",
+        "rollout_corr/rollout_is_eff_sample_size",
+        "rollout_corr/rollout_is_seq_{is_seq_stat}",
+        "rollout_corr/rollout_is_seq_fraction_{side}",
+    ),
 }
 _WORD_LIST = re.compile(r"[A-Za-z0-9_]+(?:\|[A-Za-z0-9_]+)*")
 
@@ -477,6 +667,8 @@ def step_metric_names(
     updates_actor: bool = True,
     remax: bool = False,
     recomputes_old_log_probs: bool = True,
+    rollout_correction: bool = False,
+    rollout_is: bool = False,
 ) -> list[str]:
     """The names a PPO step with these settings logs every step (:data:`STEP_METRICS`).
 
@@ -485,7 +677,9 @@ def step_metric_names(
     ``updates_actor`` is False for the steps before ``trainer.critic_warmup``; ``remax`` is the
     estimator entry's ``needs_greedy_baseline`` (ReMax's baseline stages run);
     ``recomputes_old_log_probs`` is ``not algorithm.rollout_correction.bypass_mode`` (the actor's
-    old_log_prob pass, which measures ``actor/entropy``, runs). Multi-turn and
+    old_log_prob pass, which measures ``actor/entropy``, runs); ``rollout_correction`` is the same
+    condition for the rollout_correction stage's mismatch metrics, and ``rollout_is`` adds the
+    rollout_is stage's weight metrics (decoupled mode with ``rollout_is``). Multi-turn and
     tool-call statistics, validation and MFU metrics are not every-step metrics and are not listed.
 
     Example:
@@ -504,6 +698,8 @@ def step_metric_names(
         "kl_loss": use_kl_loss and updates_actor,
         "remax": remax,
         "old_log_prob_recompute": recomputes_old_log_probs,
+        "rollout_correction": rollout_correction,
+        "rollout_is": rollout_is,
     }
     return [
         name
