@@ -1,8 +1,9 @@
 """What a metric sink is: the calls the fan-out (flows/sinks/fanout.py) makes on every sink.
 
 :class:`MetricSink` is the protocol, :class:`SinkDefaults` the no-op optional part a sink may
-inherit, :class:`ResumedRun` what a training resumed from a checkpoint hands its sinks. A module
-of its own, so every sink and the fan-out import it and not each other.
+inherit, :class:`ResumedRun` what a training resumed from a checkpoint hands its sinks, and
+:class:`SinkGaveUp` the error of a sink that has stopped for good on its own. A module of its own,
+so every sink and the fan-out import it and not each other.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ class ResumedRun:
     mlflow_run_id: str | None = None
     mlflow_tracking_uri: str | None = None
     history: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+
+
+class SinkGaveUp(RuntimeError):
+    """Raised by a sink that has stopped for good after the recovery it does itself (the MLflow
+    process sink past its restarts, flows/sinks/mlflow_process.py). Its message is the whole
+    story in one line: what failed, and where what the sink still held was saved. The fan-out
+    retires the sink with that line and no traceback (flows/sinks/fanout.py)."""
 
 
 class MetricSink(Protocol):
@@ -77,4 +85,4 @@ class SinkDefaults:
         return None
 
 
-__all__ = ["MetricSink", "ResumedRun", "SinkDefaults"]
+__all__ = ["MetricSink", "ResumedRun", "SinkDefaults", "SinkGaveUp"]

@@ -33,7 +33,10 @@ treated by when it happens:
   ``mlflow_pending.jsonl``'s format (``key``, ``value``, ``step``, ``ts`` in ms), so no computed
   step is lost. A retired sink is not retried: its library already retried what can be, so the
   same call would fail again. This holds for MLflow's request errors too (a bad name), which
-  the logger raises instead of queueing;
+  the logger raises instead of queueing. A sink that gave up after its own recovery raises
+  :class:`~flows.sinks.contract.SinkGaveUp` (the MLflow process past its restarts,
+  flows/sinks/mlflow_process.py): its message already says what failed and what was saved
+  where, so the warning is that one line, without a traceback;
 * in ``close``: a warning, and the other sinks are still closed.
 
 Example:
@@ -53,20 +56,17 @@ Example:
 from __future__ import annotations
 
 import importlib
-import json
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flows.sinks.contract import MetricSink, ResumedRun
+from flows.sinks.contract import MetricSink, ResumedRun, SinkGaveUp
+from flows.sinks.pending import append_pending, pending_file
 from stages.metrics.sinks import METRIC_SINKS
 
 log = logging.getLogger(__name__)
-
-PENDING_SUFFIX = "_pending.jsonl"
 
 
 class MetricSinks:
@@ -121,7 +121,11 @@ class MetricSinks:
                 sink.close(status)
             except Exception as err:
                 log.warning(
-                    "metric sink %r: close(%s) failed: %s", name, status, err, exc_info=True
+                    "metric sink %r: close(%s) failed: %s",
+                    name,
+                    status,
+                    err,
+                    exc_info=not isinstance(err, SinkGaveUp),
                 )
 
     def _each(
@@ -142,26 +146,24 @@ class MetricSinks:
 
     def _retire(self, name: str, what: str, err: Exception) -> None:
         self.retired[name] = f"{type(err).__name__}: {err}"
-        where = self.run_dir / f"{name}{PENDING_SUFFIX}" if self.run_dir else "nowhere (no run_dir)"
+        where = pending_file(self.run_dir, name) if self.run_dir else "nowhere (no run_dir)"
+        gave_up = isinstance(err, SinkGaveUp)  # its message is the whole story: one line
         log.warning(
             "metric sink %r failed on %s and is retired for the rest of the run; the other sinks "
-            "and the training go on, and the metrics it misses are saved to %s",
+            "and the training go on, and the metrics it misses are saved to %s%s",
             name,
             what,
             where,
-            exc_info=err,
+            f": {err}" if gave_up else "",
+            exc_info=None if gave_up else err,
         )
 
     def _save_pending(self, name: str, metrics: Mapping[str, float], step: int) -> None:
         if self.run_dir is None:
             return
         now = int(time.time() * 1000)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with (self.run_dir / f"{name}{PENDING_SUFFIX}").open("a", encoding="utf-8") as out:
-            for key, value in metrics.items():
-                value = float(value)
-                row = {"key": key, "value": value if math.isfinite(value) else repr(value)}
-                out.write(json.dumps({**row, "step": int(step), "ts": now}) + "\n")
+        values = [(key, value, step, now) for key, value in metrics.items()]
+        append_pending(pending_file(self.run_dir, name), values)
 
 
 # --- opening ---------------------------------------------------------------------------------
@@ -241,7 +243,8 @@ def open_mlflow_sink(cfg: Any, run_dir: str | None) -> MetricSink:
     ``MLFLOW_TRACKING_URI``, else the project store ``<ppoflow.artifact_dir>/mlflow.db``. Its
     run is created (or continued, :meth:`MetricSinks.open`) at the first call. The process
     writes MLflow's own output to the run's log file when the start-up captures the libraries'
-    output (flows/process/startup.py)."""
+    output (flows/process/startup.py). Each call waits at most ``ppoflow.mlflow_call_timeout_s``
+    for the process; one that misses it, or dies, is replaced (flows/sinks/mlflow_process.py)."""
     from flows.process.startup import current_startup
     from flows.sinks.mlflow_process import MLflowProcessSink
     from flows.sinks.mlflow_store import select_tracking_uri
@@ -252,4 +255,5 @@ def open_mlflow_sink(cfg: Any, run_dir: str | None) -> MetricSink:
         run_dir=run_dir,
         tracking_uri=select_tracking_uri(cfg.ppoflow.mlflow_tracking_uri, cfg.ppoflow.artifact_dir),
         output=current_startup().log_file,  # the run's log while the run starts, if captured
+        call_timeout_s=cfg.ppoflow.mlflow_call_timeout_s,
     )

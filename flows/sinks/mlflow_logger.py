@@ -18,6 +18,13 @@
   Params it already holds are not logged again; params whose value changed on resume cannot be
   (MLflow forbids it): they are listed in the tag ``ppoflow.changed_params``, and the resumed
   config is the artifact ``config_resumed_step_<N>.json``.
+* Taking over from a logger in a process that died (flows/sinks/mlflow_process.py): the dead
+  logger's last :meth:`MLflowLogger.handover` (its run, the tags, the steps a continued run held)
+  given to :meth:`MLflowLogger.take_over` of a new deferred logger makes it go on with the same
+  run, which it reads back (params, metric names) before anything else; the calls the store may
+  lack are then sent again, and :attr:`MLflowLogger.settled` tells when none is left. A metric
+  sent again with the timestamp it was first given (``log_metrics(…, timestamp_ms=)``) is the
+  same point, which MLflow's store keeps once.
 * Params: the resolved config flattened to dotted keys; a value longer than MLflow's limit
   (6000 characters) is truncated with a note saying so, and the full config is logged as the
   artifact ``config.json``.
@@ -221,6 +228,7 @@ class MLflowLogger:
         self._next_attempt = 0.0
         self._in_outage = False
         self._renderer_import: threading.Thread | None = None  # started by the first metrics
+        self._taken_over = False  # go on with a dead logger's run (take_over)
         if not deferred:
             self._drain(force=True)
 
@@ -230,6 +238,40 @@ class MLflowLogger:
     def pending(self) -> int:
         """Number of queued metric values (0 when everything reached the store)."""
         return sum(len(item) for kind, item in self._queue if kind == "metrics")
+
+    @property
+    def settled(self) -> bool:
+        """Whether everything this logger was given is in the store: nothing queued (an outage,
+        or a call that raised), the metric names and descriptions written."""
+        return not self._queue and not self._names_dirty
+
+    def handover(self) -> dict[str, Any] | None:
+        """What a logger in a new process needs to go on with this one's run (:meth:`take_over`),
+        as plain data; None before the run is known (a new logger then starts it itself)."""
+        if self.run_id is None:
+            return None
+        return {
+            "run_id": self.run_id,
+            "owns_run": self._owns_run,
+            "continuing": self._continuing,
+            "resumed_step": self._resumed_step,
+            "held_steps": sorted(self._held_steps),
+            "tags": dict(self._tags),
+        }
+
+    def take_over(self, state: Mapping[str, Any]) -> None:
+        """Go on with the run of a logger whose process died (its :meth:`handover`): the same run,
+        owned as it was (ended by :meth:`close`), the same tags for the run's description, the same
+        steps a continued run held already. Call it on a ``deferred`` logger before anything else.
+        The run's params and metric names are read back (queued, like any call) so that a config
+        logged again adds nothing and the names artifact stays whole; an owned run that was
+        ended meanwhile is marked RUNNING again."""
+        self.run_id, self._owns_run = state["run_id"], bool(state["owns_run"])
+        self._continuing, self._resumed_step = bool(state["continuing"]), state["resumed_step"]
+        self._held_steps = {int(step) for step in state["held_steps"]}
+        self._tags = {str(k): str(v) for k, v in state["tags"].items()}
+        self._taken_over = True
+        self._queue.append(("call", self._read_back))
 
     def continue_run(self, resumed: ResumedRun) -> None:
         """Continue the run a checkpoint recorded, or fill a new run's history (module docstring).
@@ -241,7 +283,9 @@ class MLflowLogger:
         like any other call.
         """
         same_store = resumed.mlflow_tracking_uri == self.tracking_uri
-        if self.run_id is None and resumed.mlflow_run_id and same_store:
+        if self._taken_over:
+            pass  # sent again to a logger that took over the run: the run is chosen, only replay
+        elif self.run_id is None and resumed.mlflow_run_id and same_store:
             self.run_id, self._owns_run, self._continuing = resumed.mlflow_run_id, True, True
         elif resumed.mlflow_run_id:
             log.info(
@@ -273,11 +317,14 @@ class MLflowLogger:
         self._queue.append(("call", lambda rid: self._send_params(rid, params, data)))
         self._drain()
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Log ``metrics`` at ``step`` (one ``log_batch``); names sanitized one-to-one."""
+    def log_metrics(
+        self, metrics: Mapping[str, float], step: int, timestamp_ms: int | None = None
+    ) -> None:
+        """Log ``metrics`` at ``step`` (one ``log_batch``); names sanitized one-to-one.
+        ``timestamp_ms``: the time they were logged (default now)."""
         if self._renderer_import is None:
             self._renderer_import = preload_renderer()
-        now = int(time.time() * 1000)
+        now = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
         entries = []
         for name, value in metrics.items():
             safe = sanitize_metric_name(name)
@@ -444,6 +491,15 @@ class MLflowLogger:
             len(missing),
             missing or "none",
         )
+
+    def _read_back(self, run_id: str) -> None:
+        """What a logger that took over a run reads first (:meth:`take_over`)."""
+        run = self._client.get_run(run_id)
+        if self._owns_run and run.info.status != "RUNNING":
+            self._client.update_run(run_id, status="RUNNING")
+        self._params = dict(run.data.params)
+        for safe in run.data.metrics:
+            self._names.setdefault(safe, restore_metric_name(safe))
 
     def _send_params(self, run_id: str, params: dict[str, str], config: Any) -> None:
         known = self._params or {}

@@ -190,6 +190,14 @@ class PPOFlowConfig(ConfigModel):
         "the project store <artifact_dir>/mlflow.db, artifacts in <artifact_dir>/mlflow-artifacts "
         "(URI)",
     )
+    mlflow_call_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="How long each call to MLflow's process (the mlflow sink) may wait for its "
+        "answer; one that does not answer in time is killed and a new one continues the run, at "
+        "most 3 times a run (the first answer of each, while MLflow is imported, and the call "
+        "that creates a new store may take up to 600 s or this, whichever is longer) (seconds)",
+    )
     cache: bool = Field(
         True, description="Reuse a stage's stored output when its cache key matches (bool)"
     )

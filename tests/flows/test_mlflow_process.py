@@ -127,7 +127,11 @@ def test_a_logger_that_cannot_start_fails_the_first_call_and_closes_quietly(monk
 
 
 def test_a_dead_process_is_an_error_naming_its_exit_status(tmp_path, store_uri):
-    sink = start(tmp_path, store_uri, "dead")
+    """With restarts off (max_restarts=0); tests/flows/test_mlflow_process_faults.py has the
+    restarts."""
+    sink = MLflowProcessSink.start(
+        "proj", "dead", run_dir=tmp_path, tracking_uri=store_uri, max_restarts=0
+    )
     sink.log_metrics({"a": 1.0}, 1)
     os.kill(sink.pid, signal.SIGKILL)
     with pytest.raises(MLflowProcessError, match=r"ended with exit status -9 before answering"):
