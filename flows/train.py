@@ -71,6 +71,7 @@ from flows.engines import WeightsLineage, build_engines, close_engines, seed_eve
 from flows.process.device import apply_device
 from flows.process.own_process import prepare_own_process
 from flows.process.prefect_server import describe_prefect
+from flows.process.server_guard import server_lost
 from flows.process.startup import Startup, current_startup, describe_model, describe_sinks
 from flows.process.stop_signals import is_stop, signals_deferred
 from flows.runs.checkpoints import (
@@ -462,11 +463,14 @@ def publish_step(
 
 
 def close_quietly(publisher: Publisher) -> None:
-    """Stop the publishing thread while a failure propagates, without masking it."""
+    """Stop the publishing thread while a failure propagates, without masking it; not a warning
+    when Prefect's temporary server was lost (its report could not be sent: the run's one line
+    says why, flows/process/server_guard.py)."""
     try:
         publisher.close()
     except Exception as err:
-        logging.getLogger(__name__).warning("publishing the last step failed too: %s", err)
+        level = logging.INFO if server_lost() is not None else logging.WARNING
+        logging.getLogger(__name__).log(level, "publishing the last step failed too: %s", err)
 
 
 def is_due(step: int, freq: int, last: int) -> bool:

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flows.cli.disk_full import explain_disk_full
+from flows.process.server_guard import explain_timeout_setting
 from flows.process.service_waits import explain_startup_timeout
 
 Explainer = Callable[[BaseException], "str | None"]
 
 #: tried in order; the first line that is not None is printed
-EXPLAINERS: list[Explainer] = [explain_startup_timeout, explain_disk_full]
+EXPLAINERS: list[Explainer] = [explain_startup_timeout, explain_timeout_setting, explain_disk_full]
 
 
 def explain(err: BaseException) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Annotated, Any
 
 import typer
@@ -151,9 +151,16 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
     With Prefect's temporary server started ahead (flows/process/prefect_server.py), the run is opened
     (model, data, engines, MLflow) before the flow run is created, while the server comes up, and
     the flow takes it over; with a configured server the flow run is created first, so an
-    unreachable server fails before any model is built."""
+    unreachable server fails before any model is built. While the flow runs, a temporary server
+    that dies or stops answering stops the run with one line and ends the process
+    (flows/process/server_guard.py).
+
+    Unless ``verbose``, Prefect's log records (a failed task's "Finished in state Failed", a
+    stop's "Crash detected!") go to the run's log file for the whole run, not the terminal, where
+    the command's one line says what happened (flows/process/startup.py ``prefect_records_to``)."""
     from flows.process.prefect_server import own_server_settings, started_ahead
-    from flows.process.startup import log_file_for, startup_output
+    from flows.process.server_guard import ServerGuard, exit_without_prefect, lost_line
+    from flows.process.startup import log_file_for, prefect_records_to, startup_output
     from flows.process.stop_signals import exit_code, is_stop, stop_line, stop_on_signals
     from flows.train import close_untaken_run, default_run_dir, open_run_ahead, train
     from flows.version import ppoflow_version
@@ -161,26 +168,38 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
 
     run_dir = run_dir or default_run_dir(cfg)
     header = f"ppoflow {ppoflow_version()} · {source} · run dir {run_dir}"
-    with stop_on_signals():
+    server = started_ahead()  # launched before the imports, still starting
+    guard = ServerGuard(server)  # reads its bound now: a bad value fails before the run opens
+    log_file = log_file_for(run_dir)
+    with stop_on_signals(), ExitStack() as records:
+        if not verbose:
+            records.enter_context(prefect_records_to(log_file))
         try:
-            with startup_output(header, log_file_for(run_dir), capture=not verbose) as startup:
-                server = started_ahead()  # launched before the imports, still starting
+            with startup_output(header, log_file, capture=not verbose) as startup:
                 try:
                     if server is not None:  # open the run meanwhile (the server's on another core)
                         open_run_ahead(cfg, run_dir, startup)
                     startup.begin("Prefect", prefect_doing())
                     if server is not None:
                         server.wait_ready()
-                    with own_server_settings():
+                    with own_server_settings(), guard:
                         return train(cfg, [], run_dir)
                 finally:
                     close_untaken_run(startup)  # the flow run never started
         except BaseException as err:
-            if not is_stop(err):
+            lost = guard.settled()  # the server died or went silent: what the run stopped for
+            if lost is None and not is_stop(err):
                 raise
             kept = read_latest_step(cfg.trainer.default_local_dir)
-            typer.echo(stop_line(err, run_dir, kept), err=True)
-            raise typer.Exit(exit_code(err)) from None
+            if is_stop(err):  # a stop signal came first (or during the loss): said as a stop
+                line, code = stop_line(err, run_dir, kept), exit_code(err)
+            else:
+                line, code = f"error: {lost_line(guard, run_dir, kept)}", 1
+            records.close()
+            typer.echo(line, err=True)
+            if lost is not None:  # Prefect's deliveries at exit would wait for the server
+                exit_without_prefect(code)
+            raise typer.Exit(code) from None
 
 
 def prefect_doing() -> str:

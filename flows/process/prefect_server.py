@@ -16,7 +16,13 @@ the API (:meth:`TemporaryServer.wait_ready`). A daemon thread watches each launc
 the server first answers and then sends a few read-only requests (:data:`WARM_UP`), so the lazy
 set-up of the server's first API calls is done before the flow run's first call. It is stopped
 when the interpreter exits, after Prefect's own exit handlers have sent their last logs and events
-to it (registered first, so it runs last).
+to it (registered first, so it runs last). It also ends when this process ends any other way
+(``kill -9``, the OOM killer): it holds the read end of a pipe whose write end only this process
+holds, and ends at its end-of-file (flows/process/lifeline.py). It runs in a session of its
+own, so a stop sent to the run's process group (Ctrl-C on a terminal, ``kill -TERM -PGID``)
+reaches only the training process, which stops the run while the server can still record it,
+then stops the server. While a run uses it, its death or silence stops the run with one line
+(flows/process/server_guard.py).
 
 Ahead only where that is exact: no server configured, nothing in the process has imported Prefect
 yet, and the Prefect server is installed. Otherwise Prefect's own path runs as before. The run's
@@ -41,6 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from flows.process.lifeline import Lifeline
 from flows.process.service_waits import PREFECT_STARTUP, startup_timeout_line
 
 #: set to the API URL of the server :func:`start_ahead` started (also seen by child processes)
@@ -98,6 +105,9 @@ class TemporaryServer:
         self.ready_after: float | None = None  # seconds from launch to the first healthy answer
         self.process: subprocess.Popen | None = None
         self.port = 0
+        self._lifeline: Lifeline | None = None  # the pipe the process ends with (lifeline.py)
+        #: the Prefect settings a flow run uses against it (:func:`own_server_settings`)
+        self.client_settings: Any = None
         self._healthy_after: dict[int, float] = {}  # port → when the watcher first saw it healthy
         self._launch()
 
@@ -114,14 +124,24 @@ class TemporaryServer:
         if pointed_here:
             os.environ["PREFECT_API_URL"] = os.environ[OWN_SERVER] = self.api_url
         env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", OWN_SERVER)}
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command(),
-                env={**env, **SERVER_ENV},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        if self._lifeline is not None:  # a relaunch: the previous process has exited
+            self._lifeline.cut()
+        self._lifeline = lifeline = Lifeline()
+        try:
+            with open(self.log_path, "ab") as log:
+                self.process = subprocess.Popen(
+                    self.command(),
+                    env=lifeline.child_env({**env, **SERVER_ENV}),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=lifeline.pass_fds,
+                    start_new_session=True,  # out of the run's process group (module docstring)
+                )
+        except BaseException:
+            lifeline.cut()
+            raise
+        lifeline.started()
         threading.Thread(
             target=self._watch, args=(self.process, self.port), name="prefect-server-watch",
             daemon=True,
@@ -142,11 +162,14 @@ class TemporaryServer:
     def command(self) -> list[str]:
         """The server's command line: Prefect's own for its temporary server (uvicorn with
         Prefect's app factory), on :attr:`port`, with the cyclic garbage collector off until the
-        app is built (:func:`create_app`)."""
+        app is built (:func:`create_app`), ending when this process ends (its first call:
+        flows/process/lifeline.py)."""
         return [
             sys.executable,
             "-c",
-            "from flows.process.start_up_gc import pause; pause(); from uvicorn.main import main; main()",
+            "from flows.process.lifeline import watch; watch(); "
+            "from flows.process.start_up_gc import pause; pause(); "
+            "from uvicorn.main import main; main()",
             "--factory",
             f"{__name__}:create_app",
             "--host",
@@ -226,6 +249,9 @@ class TemporaryServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        if self._lifeline is not None:
+            self._lifeline.cut()
+            self._lifeline = None
         log = Path(self.log_path)
         if log.exists() and log.stat().st_size == 0:
             log.unlink()
@@ -318,8 +344,12 @@ def own_server_settings() -> Iterator[None]:
     )
 
     updates = {PREFECT_API_URL: server.api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
-    with temporary_settings(updates=updates):
-        yield
+    with temporary_settings(updates=updates) as settings:
+        server.client_settings = settings  # what flows/process/server_guard.py adjusts on a loss
+        try:
+            yield
+        finally:
+            server.client_settings = None
 
 
 def describe_prefect(flow_run_name: str) -> str:

@@ -32,6 +32,12 @@ ppoflow's own messages stay on the terminal: its loggers' warnings (``flows``, `
 ``dataproto``), its warnings (raised from its packages, e.g. config notices) and
 :meth:`Startup.say`. ``--verbose`` (``capture=False``) leaves the output alone.
 
+**Prefect's records** (:func:`prefect_records_to`): for the whole run, not only its start, the
+records of Prefect's loggers go to the same file instead of the terminal: a stage that fails
+logs ``Task run 'reward-step1' - Finished in state Failed(…)``, a stop signal
+``Crash detected!``, and each is said on the terminal by the command's one line (``error: …``,
+``stopped by SIGTERM: …``). ``--verbose`` leaves them on the terminal.
+
 Without :func:`startup_output` (a deployment, a test calling the flow), :func:`current_startup`
 is a :class:`Startup` that logs its phases and prints only :meth:`Startup.say`'s lines.
 """
@@ -318,6 +324,83 @@ def _own_messages_to(terminal: IO[str]) -> Iterator[None]:
             logger.removeHandler(handler)
 
 
+#: the loggers whose records :func:`prefect_records_to` moves: "prefect" (the flow and task run
+#: loggers, the clients, propagate to it) and the one that does not propagate to it
+PREFECT_LOGGERS = ("prefect", "prefect._internal")
+
+
+def is_prefect_record(record: logging.LogRecord) -> bool:
+    """Whether ``record`` comes from one of Prefect's loggers."""
+    return record.name == "prefect" or record.name.startswith("prefect.")
+
+
+class _PrefectOffTerminal(logging.Filter):
+    """On a handler that writes to the terminal: drops Prefect's records (they go to the run's
+    log file, :func:`prefect_records_to`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not is_prefect_record(record)
+
+
+@contextmanager
+def prefect_records_to(log_file: str) -> Iterator[None]:
+    """Inside, the records of Prefect's loggers (:data:`PREFECT_LOGGERS`) are appended to
+    ``log_file`` in Prefect's own format, and the handlers that write to a stream (the terminal:
+    Prefect's console handler on the root logger, its debug handler) no longer show them; the
+    loggers' levels are left as they are. Restored on the way out."""
+    file_handler = logging.FileHandler(log_file, encoding="utf-8", delay=True)
+    file_handler.setFormatter(_PrefectFormat())
+    loggers = [logging.getLogger(name) for name in PREFECT_LOGGERS]
+    off_terminal = _PrefectOffTerminal()
+    terminal = [
+        handler
+        for logger in (logging.getLogger(), *loggers)
+        for handler in logger.handlers
+        if isinstance(handler, logging.StreamHandler)
+        and not isinstance(handler, logging.FileHandler)
+    ]
+    for handler in terminal:
+        handler.addFilter(off_terminal)
+    # "prefect" sees every record of the loggers under it that propagate; the others get the
+    # handler of their own (Prefect's logging config stops "prefect._internal" propagating)
+    loggers = [loggers[0], *(logger for logger in loggers[1:] if not logger.propagate)]
+    for logger in loggers:
+        logger.addHandler(file_handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(file_handler)
+        for handler in terminal:
+            handler.removeFilter(off_terminal)
+        file_handler.close()
+
+
+class _PrefectFormat(logging.Formatter):
+    """The formatter of Prefect's console handler (``time | LEVEL | Task run 'name' - text``)
+    where there is one, else the same fields by name; a record that the first cannot format (a
+    run logger's record without its run's name) gets the second, not a logging error."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s")
+        self.prefects = next(
+            (
+                handler.formatter
+                for handler in logging.getLogger().handlers
+                if type(handler).__name__ == "PrefectConsoleHandler"
+            ),
+            None,
+        )
+
+    def format(self, record: logging.LogRecord) -> str:
+        if self.prefects is not None:
+            try:
+                return self.prefects.format(record)
+            except (KeyError, ValueError, TypeError):
+                pass
+        return super().format(record)
+
+
 class OutputToFile:
     """fds 1 and 2 of this process appended to ``path`` between :meth:`start` and :meth:`stop`
     (module docstring); :meth:`stop` is idempotent."""
@@ -364,5 +447,6 @@ __all__ = [
     "describe_model",
     "describe_sinks",
     "log_file_for",
+    "prefect_records_to",
     "startup_output",
 ]

@@ -13,7 +13,8 @@ SIGINT raises ``KeyboardInterrupt`` in the flow, which unwinds the same way.
 Safe points: artifacts and checkpoints are written to a temporary name and renamed, so a stop
 leaves each one complete or absent. A checkpoint that is being written when the signal comes is
 finished first (:func:`signals_deferred` holds the signal until the block ends), so a stop
-during a due checkpoint does not lose it.
+during a due checkpoint does not lose it. The same holds for the signal by which the loss of
+Prefect's temporary server stops a run (:data:`DEFERRED_SIGNALS`, flows/process/server_guard.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: held by :func:`signals_deferred`: the stop signals and the server guard's (SIGURG,
+#: flows/process/server_guard.py ``SIGNAL``; ignored by default, so holding it changes nothing
+#: where no guard is on)
+DEFERRED_SIGNALS = (*STOP_SIGNALS, signal.SIGURG)
 
 
 class RunStopped(BaseException):
@@ -56,14 +61,16 @@ def stop_on_signals() -> Iterator[None]:
 
 @contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Hold SIGTERM and SIGINT until the block ends, then deliver the first one that came to
-    the handler in place before (outside the main thread: no holding)."""
+    """Hold SIGTERM and SIGINT (and the server guard's signal, :data:`DEFERRED_SIGNALS`) until
+    the block ends, then deliver the first one that came to the handler in place before
+    (outside the main thread: no holding)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
     previous = {
-        signum: signal.signal(signum, lambda s, _: received.append(s)) for signum in STOP_SIGNALS
+        signum: signal.signal(signum, lambda s, _: received.append(s))
+        for signum in DEFERRED_SIGNALS
     }
     try:
         yield
@@ -146,6 +153,7 @@ def exit_code(stopped: BaseException) -> int:
 
 
 __all__ = [
+    "DEFERRED_SIGNALS",
     "STOP_SIGNALS",
     "RunStopped",
     "exit_code",

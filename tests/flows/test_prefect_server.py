@@ -1,10 +1,11 @@
 """Prefect's temporary server started ahead by the command line (flows/process/prefect_server.py): when it
-is started, that a flow runs against it, that it is gone after the process exits, and its
-failures as one line."""
+is started, that a flow runs against it, that it is gone after the process exits or is killed
+outright, that it runs in a session of its own, and its failures as one line."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -221,6 +222,14 @@ def running(pid: int) -> bool:
         return False
 
 
+def wait_gone(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` is gone within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not running(pid)
+
+
 def test_flow_runs_send_no_heartbeats_only_to_the_servers_own(monkeypatch):
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
@@ -297,3 +306,38 @@ def test_the_executable_exits_with_its_status_after_the_exit_handlers():
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert failed.returncode != 0 and failed.stderr.strip().startswith("error:")
+
+
+def test_the_server_runs_in_a_session_of_its_own(tmp_path):
+    """A stop sent to the run's process group (Ctrl-C) reaches the training process only, which
+    stops the run while the server still answers, then stops the server."""
+    server = SilentServer(str(tmp_path / "server.log"))
+    try:
+        assert os.getsid(server.process.pid) == server.process.pid != os.getsid(0)
+    finally:
+        server.stop()
+
+
+def test_the_temporary_server_ends_with_its_parent_even_while_it_starts(tmp_path):
+    """The real server command: the parent is killed while the server still imports Prefect."""
+    code = (
+        "from flows.process.prefect_server import TemporaryServer; import time; "
+        f"s = TemporaryServer({str(tmp_path / 'server.log')!r}); print(s.process.pid, flush=True); "
+        "time.sleep(600)"
+    )
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+    )
+    server_pid = None
+    try:
+        server_pid = int(parent.stdout.readline())
+        assert running(server_pid)
+        parent.kill()
+        parent.wait()
+        assert wait_gone(server_pid, 15), "Prefect's temporary server outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        if server_pid is not None and running(server_pid):
+            os.kill(server_pid, signal.SIGKILL)  # not left behind when the test fails

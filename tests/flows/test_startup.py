@@ -25,6 +25,7 @@ from flows.process.startup import (
     current_startup,
     describe_model,
     log_file_for,
+    prefect_records_to,
     startup_output,
 )
 from stages.config import ConfigNotice
@@ -173,6 +174,42 @@ def test_verbose_moves_nothing(tmp_path, monkeypatch, capfd):
     assert not log.exists() and terminal.getvalue().splitlines() == ["h", "ready in 0.0 s"]
 
 
+@pytest.mark.parametrize("internal_propagates", [False, True])  # False: Prefect's logging config
+def test_prefects_records_go_to_the_runs_log_and_not_the_terminal(
+    tmp_path, monkeypatch, internal_propagates
+):
+    """A failed task's record and an internal service's error go to the file in the block;
+    ppoflow's own warnings stay on the terminal, and everything is as before after it."""
+    monkeypatch.setattr(logging.getLogger("prefect._internal"), "propagate", internal_propagates)
+    terminal = io.StringIO()
+    handlers = {name: logging.StreamHandler(terminal) for name in ("", "prefect._internal")}
+    for name, handler in handlers.items():
+        logging.getLogger(name).addHandler(handler)
+    log_file = tmp_path / "run" / "ppoflow.log"
+    log_file.parent.mkdir()
+    try:
+        run = {"task_run_name": "reward-step1"}  # what Prefect's run logger adds
+        with prefect_records_to(str(log_file)):
+            logging.getLogger("prefect.task_runs").error(
+                "Finished in state Failed('boom')", extra=run
+            )
+            logging.getLogger("prefect._internal.concurrency").error("Service failed")
+            logging.getLogger("prefect.task_runs").error("a record without its run's name")
+            logging.getLogger("flows.train").warning("a warning of ppoflow's own")
+        logging.getLogger("prefect.task_runs").error("after the run", extra=run)
+    finally:
+        for name, handler in handlers.items():
+            logging.getLogger(name).removeHandler(handler)
+    in_file = log_file.read_text()
+    assert "Finished in state Failed('boom')" in in_file and "Service failed" in in_file
+    assert "a record without its run's name" in in_file  # formatted all the same
+    assert in_file.count("Service failed") == 1  # one handler wrote it, once
+    assert "own" not in in_file and "after the run" not in in_file
+    shown = terminal.getvalue()
+    assert "Failed" not in shown and "Service failed" not in shown
+    assert "a warning of ppoflow's own" in shown and "after the run" in shown
+
+
 def test_describe_model_reads_the_config(tmp_path):
     model = make_tiny_model(tmp_path / "model")
     text = describe_model(str(model))
@@ -236,6 +273,7 @@ def started_ahead_as(monkeypatch, fails: bool = False) -> AheadServer:
     from prefect.settings import PREFECT_API_URL
 
     from flows.process import prefect_server
+
     server = AheadServer(PREFECT_API_URL.value(), fails)
     monkeypatch.setattr(prefect_server, "_started", [server])
     return server
