@@ -60,6 +60,16 @@ class RewardConfig(ConfigModel):
         gt=0,
         description="Bound on importing the scorer's module (custom file or built-in) when the run starts; past it the run stops naming the file [ppoflow-only] (seconds)",
     )
+    worker_memory_mb: int | None = Field(
+        4096,
+        ge=1,
+        description="Address space a scorer worker may add to what it had when forked (RLIMIT_AS, inherited by processes the scorer starts; each thread it starts reserves about 72 MiB); past it the sample is an error and the worker is replaced; null = no limit [ppoflow-only] (MiB)",
+    )
+    worker_output_bytes: int | None = Field(
+        1048576,
+        ge=0,
+        description="Scorer workers' stdout and stderr passed on to the run's log per batch; the rest is dropped, counted and noted in one line; null = no limit [ppoflow-only] (bytes)",
+    )
     error_score: float = Field(
         0.0,
         description="Score of a sample whose scorer raised, timed out or returned NaN; counted in a metric [ppoflow-only] (reward)",

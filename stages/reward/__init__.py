@@ -21,6 +21,7 @@ _EXPORTS = {
     "Outcome": "stages.reward.worker",
     "ScorerFailureError": "stages.reward.accounting",
     "ScorerStartupError": "stages.reward.zygote",
+    "ScorerProcessError": "stages.reward.zygote",
     "classify_result": "stages.reward.worker",
     "ScorerPool": "stages.reward.pool",
     "RewardLoop": "stages.reward.loop",

@@ -7,7 +7,9 @@
    int, float (NaN / inf included), str, and lists, tuples and dicts of those, nested, and numpy
    scalars and arrays of those. An extra must also be named by a non-empty str that is not one
    of the batch's own keys (``dataproto.keys``: ``uid``, ``rm_scores``, …), which it would
-   overwrite or collide with.
+   overwrite or collide with. The worker checks the same before a result leaves it
+   (``stages.reward.worker.encode_result``: only plain data crosses back); this check is the
+   driver's own, on what it decoded.
 2. ``error_score`` replaces the score of every failed sample; failures are counted by status
    (``error``, ``timeout``, ``invalid``) and each is logged once, with its uid and data_source.
 3. The stop rule (:func:`check_failure_share`): when more than ``max_invalid_fraction`` of a
@@ -49,12 +51,15 @@ class LoopResult:
     extras: name → (B,) object array of per-sample extra infos (None where a sample lacks it).
     outcomes: the per-sample :class:`Outcome` (status and message).
     counts: ``{"error": n, "timeout": n, "invalid": n}``.
+    output_dropped_bytes: bytes of the scorer's stdout / stderr dropped in this batch
+        (``reward.worker_output_bytes``).
     """
 
     scores: np.ndarray
     extras: dict[str, np.ndarray]
     outcomes: list[Outcome]
     counts: dict[str, int]
+    output_dropped_bytes: int = 0
 
 
 def unstorable_extra(extras: dict[Any, Any]) -> str | None:

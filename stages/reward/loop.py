@@ -11,7 +11,9 @@ signature ``compute_score(data_source=<route>, solution_str=, ground_truth=, ext
 Every scorer, sync or ``async def``, runs in a :class:`~stages.reward.pool.ScorerPool` of
 ``num_workers`` processes forked from a zygote that imported the scorer under
 ``startup_timeout_s`` (this process never imports it); a call past ``timeout_s`` kills its
-worker, which is replaced in about a millisecond.
+worker, which is replaced in about a millisecond. Samples and results cross as plain data, never
+pickled; each worker's memory (``worker_memory_mb``) and the output it passes on to the run's
+log (``worker_output_bytes`` per batch) are bounded (``stages.reward.pool``).
 
 A failed sample does not stop the loop: a raise, a timeout, a non-number (str, None, NaN, inf, a
 dict without a finite ``score``) or extras the artifact cannot store give ``error_score``, are
@@ -32,8 +34,14 @@ from torch import Tensor
 
 from dataproto import DataProto
 from dataproto import keys as K
-from stages.reward.accounting import LoopResult, check_failure_share, summarize
+from stages.reward.accounting import (
+    RESERVED_EXTRA_NAMES,
+    LoopResult,
+    check_failure_share,
+    summarize,
+)
 from stages.reward.custom import DEFAULT_SCORER, ScorerRef, scorer_ref
+from stages.reward.output import OUTPUT_KEY
 from stages.reward.placement import response_lengths
 from stages.reward.pool import ScorerPool
 from stages.reward.scorers.registry import check_data_sources
@@ -123,8 +131,9 @@ class RewardLoop:
 
     Args:
         tokenizer: decodes responses (and prompts); ``batch_decode(list[list[int]], skip_special_tokens=True)``.
-        settings: ``num_workers``, ``timeout_s``, ``startup_timeout_s``, ``error_score``,
-            ``max_invalid_fraction``, ``scorer_kwargs``, ``custom_path`` / ``custom_name``.
+        settings: ``num_workers``, ``timeout_s``, ``startup_timeout_s``, ``worker_memory_mb``,
+            ``worker_output_bytes``, ``error_score``, ``max_invalid_fraction``,
+            ``scorer_kwargs``, ``custom_path`` / ``custom_name``.
         scorer: overrides the settings' scorer (the data_source router when neither is given).
 
     The pool starts here, in the run's start-up: the scorer is imported (in the zygote, under
@@ -137,7 +146,12 @@ class RewardLoop:
         self.settings = settings
         self.scorer = scorer or scorer_ref(settings.custom_path, settings.custom_name)
         self._pool = ScorerPool(
-            self.scorer, settings.num_workers, startup_timeout_s=settings.startup_timeout_s
+            self.scorer,
+            settings.num_workers,
+            startup_timeout_s=settings.startup_timeout_s,
+            memory_mb=settings.worker_memory_mb,
+            output_bytes=settings.worker_output_bytes,
+            reserved_names=RESERVED_EXTRA_NAMES,
         )
         self.is_async = self._pool.info.is_async
         self.wants_prompt = self._pool.info.wants_prompt
@@ -180,8 +194,16 @@ class RewardLoop:
         """
         settings = self.settings
         outcomes = self._pool.map(calls, settings.timeout_s)
+        if self._pool.output_dropped:
+            logger.warning(
+                "reward scorer %s printed more than %s=%d bytes in this batch; %d bytes of its "
+                "output were dropped (%d over the run)",
+                self.scorer.label, OUTPUT_KEY, settings.worker_output_bytes,
+                self._pool.output_dropped, self._pool.output_dropped_total,
+            )  # fmt: skip
         data_sources = [call.get("data_source") for call in calls]
         result = summarize(outcomes, uids, data_sources, settings.error_score)
+        result.output_dropped_bytes = self._pool.output_dropped
         check_failure_share(result, uids, settings.max_invalid_fraction, self.scorer.label)
         return result
 

@@ -22,6 +22,12 @@ class RewardSettings:
     num_workers: scorer processes of the reward loop, and the divisor the reward model pads to.
     timeout_s: per-sample scoring time limit in seconds (None: unbounded).
     startup_timeout_s: bound in seconds on importing the scorer's module when the pool starts.
+    worker_memory_mb: address space (MiB) a scorer worker may add to what it was forked with
+        (``RLIMIT_AS``); past it the sample is an ``error`` and the worker is replaced (None: no
+        bound).
+    worker_output_bytes: bytes of the workers' stdout and stderr passed on to the run's log per
+        batch; the rest is dropped and counted (None: no bound, the workers write to the
+        driver's own stdout and stderr).
     error_score: the score of a sample whose scorer raised, timed out or returned a non-number.
     max_invalid_fraction: the run stops when more than this share of a batch's samples got no
         score (raised, timed out, invalid); 1.0 stops only when every sample of a batch failed.
@@ -40,6 +46,8 @@ class RewardSettings:
     num_workers: int = 8
     timeout_s: float | None = 60.0
     startup_timeout_s: float = 60.0
+    worker_memory_mb: int | None = 4096
+    worker_output_bytes: int | None = 1 << 20
     error_score: float = 0.0
     max_invalid_fraction: float = 1.0
     custom_path: str | None = None
@@ -60,6 +68,15 @@ class RewardSettings:
         if self.startup_timeout_s <= 0:
             raise ValueError(
                 f"reward.startup_timeout_s must be > 0 seconds, got {self.startup_timeout_s}"
+            )
+        if self.worker_memory_mb is not None and self.worker_memory_mb < 1:
+            raise ValueError(
+                f"reward.worker_memory_mb must be >= 1 MiB or None, got {self.worker_memory_mb}"
+            )
+        if self.worker_output_bytes is not None and self.worker_output_bytes < 0:
+            raise ValueError(
+                f"reward.worker_output_bytes must be >= 0 bytes or None, got "
+                f"{self.worker_output_bytes}"
             )
         if not 0.0 <= self.max_invalid_fraction <= 1.0:
             raise ValueError(
@@ -91,10 +108,13 @@ class RewardSettings:
 
 
 #: config attributes read by settings_from_config that can change the reward stage's result (its
-#: cache-key inputs); reward.startup_timeout_s cannot (it only bounds the scorer's import)
+#: cache-key inputs); reward.startup_timeout_s cannot (it only bounds the scorer's import), nor
+#: reward.worker_output_bytes (it bounds what reaches the log); reward.worker_memory_mb can, as
+#: reward.timeout_s can (a sample past either bound is an error)
 CONFIG_KEYS = (
     "reward.num_workers",
     "reward.timeout_s",
+    "reward.worker_memory_mb",
     "reward.error_score",
     "reward.max_invalid_fraction",
     "reward.custom_reward_function.path",
@@ -126,6 +146,8 @@ def settings_from_sections(reward: Any, data: Any) -> RewardSettings:
         num_workers=reward.num_workers,
         timeout_s=reward.timeout_s,
         startup_timeout_s=reward.startup_timeout_s,
+        worker_memory_mb=reward.worker_memory_mb,
+        worker_output_bytes=reward.worker_output_bytes,
         error_score=reward.error_score,
         max_invalid_fraction=reward.max_invalid_fraction,
         custom_path=reward.custom_reward_function.path,

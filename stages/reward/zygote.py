@@ -15,8 +15,9 @@ line with the scorer's own error.
 
 Protocol on a ``SOCK_SEQPACKET`` socket pair (one JSON message per packet):
 
-- driver → zygote, first: ``{"scorer": {name, module | path}, "sys_path": [...]}``; the zygote
-  answers ``{"ready": pid, "wants_prompt": bool, "is_async": bool, "threads": n}`` or
+- driver → zygote, first: ``{"scorer": {name, module | path}, "sys_path": [...], "parent": pid,
+  "limits": {"reserved_names": [...], "memory_mb": n | null}, "output_fds": [out, err] | null}``;
+  the zygote answers ``{"ready": pid, "wants_prompt": bool, "is_async": bool, "threads": n}`` or
   ``{"error": "<Type>: <message>"}`` and exits;
 - ``{"op": "spawn", "release": [pid, ...]}`` with two file descriptors attached (the worker's
   end of its socket pair and its progress memfd): the zygote forks a worker on them, answers
@@ -24,6 +25,21 @@ Protocol on a ``SOCK_SEQPACKET`` socket pair (one JSON message per packet):
 - ``{"op": "reap", "pid": pid}``: waits for that (dead) worker, answers ``{"code": exit code}``
   (negative: killed by that signal; null: not a child any more);
 - end of file: every worker still alive is killed and reaped, then the zygote exits.
+
+In each forked worker, before it serves (:class:`_WorkerSetup`): the parent-death signal is set
+to SIGKILL (``prctl(PR_SET_PDEATHSIG)``), so a zygote killed from outside takes its workers with
+it, even those inside a hung call; ``output_fds`` become its stdout and stderr (pipes the driver
+reads under ``reward.worker_output_bytes``); ``RLIMIT_AS`` is set to its address space at the
+fork plus ``memory_mb`` MiB (``reward.worker_memory_mb``; processes the scorer starts inherit
+it).
+
+No zygote outlives its driver. It leaves at its socket's end of file, and, should a process the
+driver forked keep that socket open, when its parent is no longer the driver (it checks every
+``PARENT_POLL_S``; a thread does the same while the scorer's import runs, so a hung import does
+not keep it either). The zygote does not use the parent-death signal itself: that signal fires
+when the *thread* that forked the process exits, and the driver starts (and restarts) the zygote
+from whichever thread calls the pool — a Prefect task thread that ends would kill it. The
+workers are forked by the zygote's main thread, which lives as long as the zygote.
 
 A worker stays a zombie until the driver releases or reaps it, so its pid cannot be reused
 while the driver may still kill it. A scorer module that starts threads at import is reported
@@ -37,6 +53,7 @@ import contextlib
 import json
 import mmap
 import os
+import resource
 import select
 import signal
 import socket
@@ -45,15 +62,16 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 from stages.reward.custom import ScorerRef, is_async_scorer, wants_prompt
-from stages.reward.worker import ProgressSlot, worker_main
+from stages.reward.worker import ProgressSlot, WorkerLimits, worker_main
 
 STARTUP_KEY = "reward.startup_timeout_s"
+PARENT_POLL_S = 0.5  # the zygote checks this often that its driver is still its parent
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 _PACKET = 1 << 20
 _BOOT = (
     "import json, socket, sys\n"
@@ -67,6 +85,11 @@ _BOOT = (
 
 class ScorerStartupError(RuntimeError):
     """The scorer could not be made ready: its import hung, failed, or its process died."""
+
+
+class ScorerProcessError(RuntimeError):
+    """The scorer's process (the zygote) died during a call after one restart, or could not be
+    restarted; one line naming it and the config key."""
 
 
 class ZygoteGone(RuntimeError):
@@ -83,8 +106,11 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
 def serve(sock: socket.socket, init: dict[str, Any]) -> None:
     """The zygote's body (module docstring): import the scorer, then fork workers on request."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it closes us
+    parent = init["parent"]
     try:
-        fn = ScorerRef(**init["scorer"]).resolve()
+        with _parent_watch(parent):  # a driver that dies while the import hangs ends us too
+            fn = ScorerRef(**init["scorer"]).resolve()
+        setup = _WorkerSetup(init)
     except BaseException as exc:  # the scorer's own error, one line, to the driver
         _send(sock, {"error": f"{type(exc).__name__}: {exc}"})
         return
@@ -94,12 +120,16 @@ def serve(sock: socket.socket, init: dict[str, Any]) -> None:
     released: set[int] = set()
     try:
         while True:
+            if not _readable(sock, PARENT_POLL_S):
+                if os.getppid() != parent:  # the driver died and a process it forked holds
+                    return  # our socket open: no end of file will come
+                continue
             data, fds, _, _ = socket.recv_fds(sock, _PACKET, 2)
             if not data:
                 return
             request = json.loads(data)
             if request["op"] == "spawn":
-                pid = _fork_worker(sock, fds, fn)
+                pid = _fork_worker(sock, fds, fn, setup)
                 children.add(pid)
                 _send(sock, {"pid": pid})
                 released.update(request["release"])
@@ -115,28 +145,98 @@ def serve(sock: socket.socket, init: dict[str, Any]) -> None:
         _reap(children | released, block=True)
 
 
-def _fork_worker(sock: socket.socket, fds: list[int], fn: Any) -> int:
+@contextlib.contextmanager
+def _parent_watch(parent: int) -> Iterator[None]:
+    """While the body runs, a thread exits this process if ``parent`` is no longer its parent."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(PARENT_POLL_S):
+            if os.getppid() != parent:
+                os._exit(1)
+
+    watcher = threading.Thread(target=watch, name="ppoflow-zygote-parent-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()  # gone before the first fork: workers are forked from one thread
+
+
+class _WorkerSetup:
+    """What the zygote does in each forked worker before it serves: die with the zygote, send
+    its output to the driver's bounded pipes, bound its memory (``reward.worker_memory_mb``)."""
+
+    def __init__(self, init: dict[str, Any]) -> None:
+        limits = init.get("limits") or {}
+        self.limits = WorkerLimits(
+            frozenset(limits.get("reserved_names", ())), limits.get("memory_mb")
+        )
+        self.output_fds: list[int] | None = init.get("output_fds")
+        self.zygote = os.getpid()
+        import ctypes  # before any fork: each worker finds it imported
+
+        self._prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def in_child(self) -> None:
+        # the zygote forks from its main thread, so the parent-death signal fires at its exit
+        self._prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != self.zygote:  # it died before the line above
+            os._exit(1)
+        if self.output_fds is not None:
+            for fd, target in zip(self.output_fds, (1, 2)):
+                os.dup2(fd, target)
+                os.close(fd)
+        if self.limits.memory_mb is not None:
+            _limit_memory(self.limits.memory_mb)
+
+
+def _limit_memory(memory_mb: int) -> None:
+    """``RLIMIT_AS`` = this process's address space now + ``memory_mb`` MiB (never raised)."""
+    with open("/proc/self/status") as status:
+        size_kib = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    bound = size_kib * 1024 + memory_mb * (1 << 20)
+    if soft != resource.RLIM_INFINITY:
+        bound = min(bound, soft)
+    if hard != resource.RLIM_INFINITY:
+        bound = min(bound, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (bound, hard))
+
+
+def _fork_worker(sock: socket.socket, fds: list[int], fn: Any, setup: _WorkerSetup) -> int:
+    _flush_output()  # nothing buffered here may be written again by the child
     pid = os.fork()
     if pid == 0:
-        _run_worker(sock, fds, fn)
+        _run_worker(sock, fds, fn, setup)
     for fd in fds:
         os.close(fd)
     return pid
 
 
-def _run_worker(sock: socket.socket, fds: list[int], fn: Any) -> NoReturn:
+def _flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _run_worker(sock: socket.socket, fds: list[int], fn: Any, setup: _WorkerSetup) -> NoReturn:
     """A forked worker: serve on the received socket and progress memfd, then exit."""
     code = 0
     try:
         sock.close()
+        setup.in_child()
         conn_fd, progress_fd = fds
         progress = ProgressSlot(mmap.mmap(progress_fd, ProgressSlot.SIZE))
         os.close(progress_fd)
-        worker_main(Connection(conn_fd), fn, progress)
+        worker_main(socket.socket(fileno=conn_fd), fn, progress, setup.limits)
     except BaseException:
-        traceback.print_exc()
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
         code = 1
     finally:
+        _flush_output()
         os._exit(code)
 
 
@@ -182,7 +282,7 @@ class ScorerInfo:
 class SpawnedWorker:
     """A forked worker as the driver holds it: its socket, its progress slot and its pid."""
 
-    conn: Connection
+    sock: socket.socket
     progress: ProgressSlot
     pid: int
 
@@ -190,19 +290,32 @@ class SpawnedWorker:
 class Zygote:
     """Starts the zygote for ``scorer`` and waits, up to ``startup_timeout_s``, for its import.
 
+    ``limits`` go to every worker (``reward.worker_memory_mb``, the extra names refused);
+    ``output_fds`` (write ends of two pipes) become each worker's stdout and stderr, which the
+    driver reads under ``reward.worker_output_bytes``; None: the driver's own.
+
     Raises:
         ScorerStartupError: the import did not finish in time (the process is killed), raised,
             or the process died; one line naming the scorer and, for a hang, the config key.
     """
 
-    def __init__(self, scorer: ScorerRef, startup_timeout_s: float) -> None:
+    def __init__(
+        self,
+        scorer: ScorerRef,
+        startup_timeout_s: float,
+        *,
+        limits: WorkerLimits | None = None,
+        output_fds: tuple[int, int] | None = None,
+    ) -> None:
         self.scorer = scorer
         self.startup_timeout_s = startup_timeout_s
+        self.limits = limits or WorkerLimits()
+        self.output_fds = output_fds
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
+                pass_fds=(theirs.fileno(), *(output_fds or ())),
                 stdin=subprocess.DEVNULL,
             )
         self._released: list[int] = []
@@ -214,7 +327,16 @@ class Zygote:
             raise
 
     def _start(self) -> ScorerInfo:
-        init = {"scorer": _ref_fields(self.scorer), "sys_path": list(sys.path)}
+        init = {
+            "scorer": _ref_fields(self.scorer),
+            "sys_path": list(sys.path),
+            "parent": os.getpid(),
+            "limits": {
+                "reserved_names": sorted(self.limits.reserved_names),
+                "memory_mb": self.limits.memory_mb,
+            },
+            "output_fds": list(self.output_fds) if self.output_fds else None,
+        }
         _send(self._sock, init)
         try:
             reply = self._reply(self.startup_timeout_s)
@@ -239,10 +361,7 @@ class Zygote:
     def _reply(self, timeout_s: float) -> dict[str, Any]:
         """The zygote's next message; ``TimeoutError`` after ``timeout_s``, ``ZygoteGone`` at EOF."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            ready, _, _ = select.select([self._sock], [], [], max(deadline - time.monotonic(), 0))
-            if ready:
-                break
+        while not _readable(self._sock, max(deadline - time.monotonic(), 0)):
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the reward zygote did not answer within {timeout_s:g} s")
         try:
@@ -257,6 +376,7 @@ class Zygote:
         """Fork a worker (about a millisecond); also releases the pids given to :meth:`release`."""
         ours, theirs = socket.socketpair()
         memfd = os.memfd_create("ppoflow-reward-progress")
+        progress = None
         try:
             os.ftruncate(memfd, ProgressSlot.SIZE)
             progress = ProgressSlot(mmap.mmap(memfd, ProgressSlot.SIZE))
@@ -267,10 +387,30 @@ class Zygote:
                 raise ZygoteGone(f"the reward zygote cannot be reached: {exc}") from None
             self._released = []
             reply = self._reply_or_gone()
+        except BaseException:
+            ours.close()
+            if progress is not None:
+                progress.close()
+            raise
         finally:
             theirs.close()
             os.close(memfd)
-        return SpawnedWorker(Connection(ours.detach()), progress, reply["pid"])
+        return SpawnedWorker(ours, progress, reply["pid"])
+
+    def fileno(self) -> int:
+        """The driver's end of the zygote's socket: readable between requests only at its exit."""
+        return self._sock.fileno()
+
+    def gone(self) -> bool:
+        """Whether the zygote has exited (its socket is at end of file); never blocks."""
+        if self._sock.fileno() < 0:
+            return True
+        if not _readable(self._sock, 0):
+            return False
+        try:
+            return not self._sock.recv(_PACKET, socket.MSG_PEEK)
+        except OSError:
+            return True
 
     def release(self, pid: int) -> None:
         """Let the zygote reap ``pid`` (a worker the driver killed) at the next spawn."""
@@ -298,6 +438,14 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def _readable(sock: socket.socket, timeout_s: float) -> bool:
+    """Whether ``sock`` has data or an end of file within ``timeout_s`` (``poll``, not
+    ``select``: the driver's descriptors, which the zygote inherits by number, may pass 1024)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
 
 
 def _ref_fields(scorer: ScorerRef) -> dict[str, Any]:
