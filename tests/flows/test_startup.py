@@ -181,6 +181,9 @@ def test_prefects_records_go_to_the_runs_log_and_not_the_terminal(
     """A failed task's record and an internal service's error go to the file in the block;
     ppoflow's own warnings stay on the terminal, and everything is as before after it."""
     monkeypatch.setattr(logging.getLogger("prefect._internal"), "propagate", internal_propagates)
+    for name in ("flows", "flows.train"):  # as a run has them, whatever earlier tests configured
+        monkeypatch.setattr(logging.getLogger(name), "disabled", False)
+        monkeypatch.setattr(logging.getLogger(name), "propagate", True)
     terminal = io.StringIO()
     handlers = {name: logging.StreamHandler(terminal) for name in ("", "prefect._internal")}
     for name, handler in handlers.items():
