@@ -429,7 +429,9 @@ def save_checkpoint(run: TrainRun, step: int, metrics: dict[str, float]) -> None
         **mlflow_identity(run.sinks, run.cfg.trainer.project_name),
     }
     state = {**run.run_state(), **tracking_state(identity, metrics)}
-    with signals_deferred():  # a stop signal waits for the checkpoint (flows/process/stop_signals.py)
+    with (
+        signals_deferred()
+    ):  # a stop signal waits for the checkpoint (flows/process/stop_signals.py)
         save_run_checkpoint(
             run.cfg.trainer.default_local_dir, step, run.engines, state, run.cfg.trainer
         )

@@ -71,7 +71,9 @@ METRIC_SINKS.add(
 )
 METRIC_SINKS.add(
     "wandb",
-    MetricSinkSpec(factory="flows.sinks.wandb_logger:open_wandb_sink", package="wandb", extra="wandb"),
+    MetricSinkSpec(
+        factory="flows.sinks.wandb_logger:open_wandb_sink", package="wandb", extra="wandb"
+    ),
 )
 METRIC_SINKS.add(
     "tensorboard",
