@@ -42,7 +42,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="background-writes-") as tmp:
         work = Path(tmp)
         for command in (["make-demo-data", f"{work}/demo/data"], ["make-tiny-model", f"{work}/demo/model"]):  # fmt: skip
-            subprocess.run([str(PPOFLOW_PY), "-m", "flows.cli.app", *command], check=True, cwd=REPO, capture_output=True)  # fmt: skip
+            subprocess.run([str(PPOFLOW_PY), "-m", "flows.cli", *command], check=True, cwd=REPO, capture_output=True)  # fmt: skip
         for index in range(args.pairs):
             for position, (side, value) in enumerate(SIDES.items()):
                 extra = [*args.override, f"ppoflow.artifacts.write_in_background={value}"]

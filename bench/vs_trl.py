@@ -281,7 +281,7 @@ def main() -> None:
         work = Path(tmp)
         size = SIZES[args.size]
         for command in (["make-demo-data", f"{work}/demo/data", *size.data_options], ["make-tiny-model", f"{work}/demo/model", *size.model_options]):  # fmt: skip
-            subprocess.run([str(PPOFLOW_PY), "-m", "flows.cli.app", *command], check=True, cwd=REPO, capture_output=True)  # fmt: skip
+            subprocess.run([str(PPOFLOW_PY), "-m", "flows.cli", *command], check=True, cwd=REPO, capture_output=True)  # fmt: skip
         ours: list[Run] = []
         theirs: list[Run] = []
         before: list[Run] = []

@@ -95,12 +95,12 @@ def main(
 
 
 def command_modules() -> list[str]:
-    """The modules of ``flows.cli`` other than this one, in name order (those that define
-    ``register(app)`` add commands)."""
+    """The public modules of ``flows.cli`` other than this one, in name order (those that
+    define ``register(app)`` add commands; ``__main__`` runs the app, it adds none)."""
     return sorted(
         f"{__package__}.{info.name}"
         for info in pkgutil.iter_modules(flows.cli.__path__)
-        if f"{__package__}.{info.name}" != __name__
+        if not info.name.startswith("_") and f"{__package__}.{info.name}" != __name__
     )
 
 

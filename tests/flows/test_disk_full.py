@@ -339,9 +339,9 @@ def child_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def run_cli(args: list[str], home: Path, **env: str) -> subprocess.CompletedProcess:
-    """``python -m flows.cli.app ARGS`` in ``home``, its own session, to its end."""
+    """``python -m flows.cli ARGS`` in ``home``, its own session, to its end."""
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli.app", *args],
+        [sys.executable, "-m", "flows.cli", *args],
         cwd=home,
         env=child_env(home, **env),
         capture_output=True,

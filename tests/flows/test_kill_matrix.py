@@ -286,7 +286,7 @@ class Matrix:
     def train_command(self, home: Path) -> list[str]:
         config = REPO / "configs" / "demo-cpu.yaml"
         overrides = self.overrides(self.demo, home, STEPS, *RUN_OVERRIDES)
-        command = [sys.executable, "-m", "flows.cli.app", "train", str(config), *overrides]
+        command = [sys.executable, "-m", "flows.cli", "train", str(config), *overrides]
         return [*command, "--run-dir", str(home / "run")]
 
     def _baseline(self) -> Outcome:
@@ -306,7 +306,7 @@ class Matrix:
         outcome.leftovers = tuple(temp_files(outcome.run, outcome.checkpoints))
         outcome.logged_steps = logged_steps(home)
         log = home / "resume.log"
-        resume = [sys.executable, "-m", "flows.cli.app", "resume", str(outcome.run)]
+        resume = [sys.executable, "-m", "flows.cli", "resume", str(outcome.run)]
         status, resumed = run_group(resume, home, self.env(home), log)
         assert status == 0, f"ppoflow resume exited {status}:\n{tail(log)}"
         outcome.groups, outcome.wall_s = (killed, resumed), time.monotonic() - start

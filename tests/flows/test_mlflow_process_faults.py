@@ -420,7 +420,7 @@ def train(home: Path, demo: Path, tiny_run_overrides, kill_after: int | None) ->
     command = [
         sys.executable,
         "-m",
-        "flows.cli.app",
+        "flows.cli",
         "train",
         str(REPO / "configs" / "demo-cpu.yaml"),
         *tiny_run_overrides(

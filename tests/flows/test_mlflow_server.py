@@ -145,7 +145,7 @@ def ppoflow(args: list[str], home: Path) -> Iterator[subprocess.Popen]:
     home.mkdir(parents=True, exist_ok=True)
     with open(home / f"{args[0]}.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli.app", *args],
+            [sys.executable, "-m", "flows.cli", *args],
             cwd=home,
             env=child_env(home),
             stdout=log,

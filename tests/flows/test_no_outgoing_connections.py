@@ -48,7 +48,7 @@ def test_training_makes_no_outgoing_connection(tmp_path, make_demo_inputs, tiny_
                      "TRANSFORMERS_OFFLINE", "DO_NOT_TRACK"):  # fmt: skip
         env.pop(variable, None)  # ppoflow itself must turn them off
     command = [
-        sys.executable, "-m", "flows.cli.app", "train", str(REPO / "configs" / "demo-cpu.yaml"),
+        sys.executable, "-m", "flows.cli", "train", str(REPO / "configs" / "demo-cpu.yaml"),
         *tiny_run_overrides(demo, tmp_path, 2, "trainer.logger=[console,mlflow]"),
         "--run-dir", str(tmp_path / "run"),
     ]  # fmt: skip

@@ -97,7 +97,7 @@ def test_an_edited_plugin_module_is_a_cache_miss_naming_it(
     plugin.write_text(plugin.read_text().replace(str(ADVANTAGE), "0.5"), encoding="utf-8")
     branch = tmp_path / "branch"
     env = {**os.environ, "PYTHONPATH": str(plugin_dir), "PREFECT_HOME": str(tmp_path / "prefect")}
-    command = [sys.executable, "-m", "flows.cli.app", "rerun", result.run_dir, "--step", "1",
+    command = [sys.executable, "-m", "flows.cli", "rerun", result.run_dir, "--step", "1",
                "--from", "advantage", "--to", "advantage", "--run-dir", str(branch)]  # fmt: skip
     completed = subprocess.run(
         command, capture_output=True, text=True, env=env, cwd=REPO, timeout=600

@@ -68,7 +68,7 @@ def train_command(
     return [
         sys.executable,
         "-m",
-        "flows.cli.app",
+        "flows.cli",
         "train",
         str(REPO / "configs" / "demo-cpu.yaml"),
         *tiny_run_overrides(

@@ -220,7 +220,7 @@ def test_an_edited_stage_source_is_a_miss_naming_the_file(grpo_run, tmp_path):
     edited.write_text(edited.read_text() + "\n# an edit that a cache must see\n")
     env = {**os.environ, "PYTHONPATH": str(code), "PREFECT_HOME": str(tmp_path / "prefect")}
     completed = subprocess.run(
-        [sys.executable, "-m", "flows.cli.app", "rerun", str(run_dir), "--step", "2",
+        [sys.executable, "-m", "flows.cli", "rerun", str(run_dir), "--step", "2",
          "--from", "reward", "--to", "advantage", "--run-dir", str(tmp_path / "branch")],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
     )  # fmt: skip
