@@ -46,15 +46,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stages.algos.aggregation import GlobalBatchInfo, aggregate_loss
+from stages.algos.aggregation import GlobalBatchInfo
 from stages.algos.masked import masked_mean
 from stages.algos.policy_loss_config import (
     POLICY_LOSSES,
     PolicyLossFn,
     PolicyLossSettings,
     PolicyLossSpec,
-    resolve_global_info,
-    resolve_policy_loss_config,
     zero_masked,
 )
 from stages.algos.rollout_correction import (
@@ -175,21 +173,27 @@ def compute_policy_loss_bypass_reinforce(
     global_batch_info: GlobalInfoArg = None,
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """REINFORCE with the IS weights: agg(−A · log π_θ · w) on the rejection mask, no clip."""
-    cfg = resolve_policy_loss_config(config)
+    """REINFORCE with the IS weights: agg(−A · log π_θ · w) on the rejection mask, no clip —
+    the ``gpg`` loss (plain −log π·A) given the rejection mask and the weights."""
     correction = _correct(old_log_prob, log_prob, response_mask, config)
     mask = correction.response_mask
-    log_prob = zero_masked(log_prob, response_mask)
-    pg_losses = -advantages * log_prob  # (B, R)
-    if correction.weights is not None:
-        pg_losses = pg_losses * correction.weights
-    pg_loss = aggregate_loss(
-        pg_losses, mask, loss_agg_mode, resolve_global_info(cfg, global_batch_info)
+    plain_pg = POLICY_LOSSES.get("gpg").fn
+    pg_loss, _ = plain_pg(
+        old_log_prob,
+        log_prob,
+        advantages,
+        mask,
+        loss_agg_mode,
+        config,
+        correction.weights,
+        global_batch_info,
+        generator,
     )
     zero = torch.zeros((), device=pg_loss.device)
+    current = zero_masked(log_prob.detach(), response_mask)
     return pg_loss, {
         "actor/pg_clipfrac": zero,
-        "actor/ppo_kl": masked_mean(old_log_prob - log_prob.detach(), mask),
+        "actor/ppo_kl": masked_mean(old_log_prob - current, mask),
         "actor/pg_clipfrac_lower": zero,
         **correction.metrics,
     }
