@@ -224,6 +224,11 @@ class ScorerPool:
             (``reward.worker_output_bytes``; None: the workers write to this process's own).
         reserved_names: extra names a result may not use (the batch's keys: the reward loop
             passes ``stages.reward.accounting.RESERVED_EXTRA_NAMES``); checked in the worker.
+        no_network: the workers get no network (:attr:`network_isolation` says how; the tool
+            sandbox sets it, reward scorers keep the network).
+        calls_per_worker: each worker leaves after this many calls and a fresh fork takes its
+            place (1: a process per call; each replacement counts in :attr:`restarts`); None:
+            a worker serves until it fails.
 
     Raises:
         ScorerStartupError: the scorer's import hung past ``startup_timeout_s``, failed, or
@@ -240,6 +245,8 @@ class ScorerPool:
         memory_mb: int | None = DEFAULT_WORKER_MEMORY_MB,
         output_bytes: int | None = DEFAULT_WORKER_OUTPUT_BYTES,
         reserved_names: Iterable[str] = (),
+        no_network: bool = False,
+        calls_per_worker: int | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"reward.num_workers must be >= 1, got {num_workers}")
@@ -247,12 +254,16 @@ class ScorerPool:
             raise ValueError(f"reward.startup_timeout_s must be > 0 s, got {startup_timeout_s}")
         if memory_mb is not None and memory_mb < 1:
             raise ValueError(f"{MEMORY_KEY} must be >= 1 MiB or None, got {memory_mb}")
+        if calls_per_worker is not None and calls_per_worker < 1:
+            raise ValueError(f"calls_per_worker must be >= 1 or None, got {calls_per_worker}")
         self.scorer = scorer
         self.num_workers = num_workers
         self.startup_timeout_s = startup_timeout_s
         self.max_chunk = max(1, max_chunk)
-        self.limits = WorkerLimits(frozenset(reserved_names), memory_mb)
-        self.restarts = 0  # workers replaced after a timeout, a death or a MemoryError
+        self.limits = WorkerLimits(
+            frozenset(reserved_names), memory_mb, no_network, calls_per_worker
+        )
+        self.restarts = 0  # workers replaced (a timeout, a death, a MemoryError, calls_per_worker)
         self.zygote_restarts = 0
         self.output_dropped = 0  # bytes of scorer output dropped in the last map call
         self._lock = threading.Lock()
@@ -272,6 +283,12 @@ class ScorerPool:
         """What the zygote learnt while importing the scorer (prompt wanted, async, threads)."""
         assert self._state.zygote is not None, "ScorerPool.info after close()"
         return self._state.zygote.info
+
+    @property
+    def network_isolation(self) -> str | None:
+        """How ``no_network`` is enforced in the workers: ``"namespace"`` (a network namespace
+        of their own) or ``"audit-hook"`` (Python-level socket use refused); None: not asked."""
+        return self.info.network_isolation
 
     @property
     def worker_pids(self) -> list[int]:
@@ -428,13 +445,18 @@ class ScorerPool:
         outcomes: list[Outcome | None],
     ) -> int:
         """Keep two task lists of ``size`` in flight per worker; ``size`` shrinks near the end.
+        A worker that leaves after ``calls_per_worker`` calls gets no more than that.
 
         Each sample is encoded as plain data when first sent (while the workers score earlier
         ones); one that is not plain data gets its ``error`` outcome here. Returns those."""
         size = max(1, min(self.max_chunk, math.ceil(len(pending) / (2 * self.num_workers))))
+        in_flight = 2 * size
+        if self.limits.calls_per_worker is not None:
+            in_flight = min(in_flight, self.limits.calls_per_worker)
+            size = min(size, in_flight)
         done = 0
         for worker in self._workers:
-            if not pending or worker.dead or len(worker.inflight) >= 2 * size:
+            if not pending or worker.dead or len(worker.inflight) >= in_flight:
                 continue
             ids, tasks = [], []
             while pending and len(ids) < size:

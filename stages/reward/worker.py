@@ -13,7 +13,9 @@ or a dict with a finite ``score`` whose extras are plain data under names that a
 keys; anything else is that sample's ``invalid`` outcome with a message naming the type, so a
 scorer's object never reaches the driver, which rebuilds plain data only
 (:func:`decode_result`). A ``MemoryError`` (the worker's memory limit, ``reward.worker_memory_mb``)
-is that sample's ``error``, and the worker leaves (``"retire": true``) for a fresh one.
+is that sample's ``error``, and the worker leaves (``"retire": true``) for a fresh one; so does a
+worker that has served ``calls_per_worker`` calls (:class:`WorkerLimits`; the tool sandbox,
+``stages.agent.sandbox``, gives every call a fresh process that way).
 
 Sync and ``async def`` scorers run the same way: a call that returns an awaitable is run to
 completion on the worker's own event loop, so the driver's per-sample timeout (which kills the
@@ -285,10 +287,16 @@ class WorkerLimits:
     reserved_names: extra names that are batch keys (``stages.reward.accounting``).
     memory_mb: the address space a worker may add to what it had when forked (MiB; None: no
         bound), set as ``RLIMIT_AS`` by the zygote; named in the message of a ``MemoryError``.
+    no_network: the worker gets no network (the zygote moves it into a network namespace of
+        its own, or refuses socket use by an audit hook where namespaces are not allowed).
+    calls_per_worker: a worker leaves (``"retire": true``) after this many calls, so a fresh
+        fork serves the next ones (1: a process per call); None: it serves until it fails.
     """
 
     reserved_names: frozenset[str] = frozenset()
     memory_mb: int | None = None
+    no_network: bool = False
+    calls_per_worker: int | None = None
 
 
 def _memory_message(exc: MemoryError, limits: WorkerLimits) -> str:
@@ -368,11 +376,13 @@ def worker_main(
     ``progress`` is written before each task and cleared after its result is encoded, so the
     driver knows which task runs and since when without a message per task (and its timeout
     covers the encoding too). Results are sent in frames at the end of each task list, or every
-    ``FLUSH_S`` seconds while a long list runs. After a ``MemoryError`` the worker sends what it
-    has with ``"retire": true`` and exits.
+    ``FLUSH_S`` seconds while a long list runs. After a ``MemoryError``, or after
+    ``limits.calls_per_worker`` calls, the worker sends what it has with ``"retire": true`` and
+    exits.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it stops us
     run_awaitable = AwaitRunner()
+    calls_left = limits.calls_per_worker
     while True:
         try:
             payload = recv_frame(sock)
@@ -389,6 +399,9 @@ def worker_main(
             part, retire = score_task(fn, task_id, sample, run_awaitable, limits)
             progress.clear()
             results.add(part)
+            if calls_left is not None:
+                calls_left -= 1
+                retire = retire or calls_left <= 0
             if retire:
                 results.send(retire=True)
                 return

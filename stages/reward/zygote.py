@@ -16,8 +16,10 @@ line with the scorer's own error.
 Protocol on a ``SOCK_SEQPACKET`` socket pair (one JSON message per packet):
 
 - driver → zygote, first: ``{"scorer": {name, module | path}, "sys_path": [...], "parent": pid,
-  "limits": {"reserved_names": [...], "memory_mb": n | null}, "output_fds": [out, err] | null}``;
-  the zygote answers ``{"ready": pid, "wants_prompt": bool, "is_async": bool, "threads": n}`` or
+  "limits": {"reserved_names": [...], "memory_mb": n | null, "no_network": bool,
+  "calls_per_worker": n | null}, "output_fds": [out, err] | null}``; the zygote answers
+  ``{"ready": pid, "wants_prompt": bool, "is_async": bool, "threads": n, "network": mode}``
+  (mode: null, or how ``no_network`` is enforced: ``"namespace"`` / ``"audit-hook"``) or
   ``{"error": "<Type>: <message>"}`` and exits;
 - ``{"op": "spawn", "release": [pid, ...]}`` with two file descriptors attached (the worker's
   end of its socket pair and its progress memfd): the zygote forks a worker on them, answers
@@ -31,7 +33,13 @@ to SIGKILL (``prctl(PR_SET_PDEATHSIG)``), so a zygote killed from outside takes 
 it, even those inside a hung call; ``output_fds`` become its stdout and stderr (pipes the driver
 reads under ``reward.worker_output_bytes``); ``RLIMIT_AS`` is set to its address space at the
 fork plus ``memory_mb`` MiB (``reward.worker_memory_mb``; processes the scorer starts inherit
-it).
+it); with ``no_network`` (the tool sandbox, ``stages.agent.sandbox``; reward scorers keep the
+network) it has no network: :func:`unshare_network` moves it into a user and network namespace
+of its own, which holds only a loopback device that is down (a connection fails with "Network is
+unreachable"), or, where the kernel refuses that (EPERM in some containers; the zygote probes it
+once at start-up), :func:`refuse_network` installs an audit hook that raises ``PermissionError``
+on every socket connect, bind, send-to and name lookup. The hook binds Python code only (a C
+extension's own sockets pass), so the start-up reply says which of the two is in force.
 
 No zygote outlives its driver. It leaves at its socket's end of file, and, should a process the
 driver forked keep that socket open, when its parent is no longer the driver (it checks every
@@ -115,7 +123,7 @@ def serve(sock: socket.socket, init: dict[str, Any]) -> None:
         _send(sock, {"error": f"{type(exc).__name__}: {exc}"})
         return
     info = {"ready": os.getpid(), "wants_prompt": wants_prompt(fn), "is_async": is_async_scorer(fn)}
-    _send(sock, info | {"threads": threading.active_count()})
+    _send(sock, info | {"threads": threading.active_count(), "network": setup.network_mode})
     children: set[int] = set()
     released: set[int] = set()
     try:
@@ -166,18 +174,23 @@ def _parent_watch(parent: int) -> Iterator[None]:
 
 class _WorkerSetup:
     """What the zygote does in each forked worker before it serves: die with the zygote, send
-    its output to the driver's bounded pipes, bound its memory (``reward.worker_memory_mb``)."""
+    its output to the driver's bounded pipes, cut its network (``no_network``), bound its memory
+    (``reward.worker_memory_mb``)."""
 
     def __init__(self, init: dict[str, Any]) -> None:
         limits = init.get("limits") or {}
         self.limits = WorkerLimits(
-            frozenset(limits.get("reserved_names", ())), limits.get("memory_mb")
+            frozenset(limits.get("reserved_names", ())),
+            limits.get("memory_mb"),
+            bool(limits.get("no_network", False)),
+            limits.get("calls_per_worker"),
         )
         self.output_fds: list[int] | None = init.get("output_fds")
         self.zygote = os.getpid()
         import ctypes  # before any fork: each worker finds it imported
 
         self._prctl = ctypes.CDLL(None, use_errno=True).prctl
+        self.network_mode = _probe_network_mode() if self.limits.no_network else None
 
     def in_child(self) -> None:
         # the zygote forks from its main thread, so the parent-death signal fires at its exit
@@ -188,8 +201,70 @@ class _WorkerSetup:
             for fd, target in zip(self.output_fds, (1, 2)):
                 os.dup2(fd, target)
                 os.close(fd)
+        if self.network_mode == "audit-hook" or (
+            self.network_mode == "namespace" and not unshare_network()
+        ):
+            refuse_network()
         if self.limits.memory_mb is not None:
             _limit_memory(self.limits.memory_mb)
+
+
+# --- no network (WorkerLimits.no_network) ---------------------------------------------------
+
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000  # linux/sched.h
+#: audit events (``sys.addaudithook``) refused by :func:`refuse_network`
+NETWORK_AUDIT_EVENTS = frozenset(
+    {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo"}
+    | {"socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo"}
+)
+NETWORK_OFF_MESSAGE = "network is off in the tool sandbox"
+
+
+def unshare_network() -> bool:
+    """Move this process into a new user and network namespace; False if the kernel refuses.
+
+    The process must hold one thread (a forked worker does). The new network namespace has only
+    a loopback device, which is down, so every connection fails ("Network is unreachable"), the
+    driver's loopback services included. The user namespace (which lets an unprivileged process
+    make the network one) maps this process's uid and gid to themselves, so ``os.getuid()`` and
+    file access are as before.
+    """
+    import ctypes
+
+    uid, gid = os.getuid(), os.getgid()
+    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+        return False
+    with contextlib.suppress(OSError):  # unmapped ids read as 65534; nothing else changes
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1")):
+            with open(f"/proc/self/{name}", "w") as file:
+                file.write(text)
+        with open("/proc/self/gid_map", "w") as file:
+            file.write(f"{gid} {gid} 1")
+    return True
+
+
+def refuse_network() -> None:
+    """Refuse, for the rest of this process's life, every Python-level socket connect, bind,
+    send-to and name lookup (``PermissionError``; the hook cannot be removed)."""
+    sys.addaudithook(_refuse_network_event)
+
+
+def _refuse_network_event(event: str, args: tuple[Any, ...]) -> None:
+    if event in NETWORK_AUDIT_EVENTS:
+        raise PermissionError(NETWORK_OFF_MESSAGE)
+
+
+def _probe_network_mode() -> str:
+    """``"namespace"`` when a forked child may :func:`unshare_network`, else ``"audit-hook"``."""
+    _flush_output()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if unshare_network() else 1
+        finally:
+            os._exit(code)
+    return "namespace" if _exit_code(pid) == 0 else "audit-hook"
 
 
 def _limit_memory(memory_mb: int) -> None:
@@ -276,6 +351,7 @@ class ScorerInfo:
     wants_prompt: bool
     is_async: bool
     threads: int
+    network_isolation: str | None = None  # how WorkerLimits.no_network is enforced, or None
 
 
 @dataclass
@@ -334,6 +410,8 @@ class Zygote:
             "limits": {
                 "reserved_names": sorted(self.limits.reserved_names),
                 "memory_mb": self.limits.memory_mb,
+                "no_network": self.limits.no_network,
+                "calls_per_worker": self.limits.calls_per_worker,
             },
             "output_fds": list(self.output_fds) if self.output_fds else None,
         }
@@ -356,7 +434,9 @@ class Zygote:
             raise ScorerStartupError(
                 f"reward scorer {self.scorer.label} could not be loaded: {reply['error']}"
             )
-        return ScorerInfo(reply["wants_prompt"], reply["is_async"], reply["threads"])
+        return ScorerInfo(
+            reply["wants_prompt"], reply["is_async"], reply["threads"], reply.get("network")
+        )
 
     def _reply(self, timeout_s: float) -> dict[str, Any]:
         """The zygote's next message; ``TimeoutError`` after ``timeout_s``, ``ZygoteGone`` at EOF."""
