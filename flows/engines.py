@@ -5,7 +5,9 @@
 - ``actor`` (always): ``ActorWorker`` — rollouts, old log-probs, the PPO update;
 - ``ref`` when ``derived.use_reference_policy``: ``RefWorker``;
 - ``critic`` when ``derived.use_critic``: ``CriticWorker``;
-- the reward engines (``reward_loop`` and/or ``reward_model``, ``stages.reward.stage``).
+- the reward engines (``reward_loop`` and/or ``reward_model``, ``stages.reward.stage``);
+- ``agent`` when the run may use tools: the tool sandbox and what the agent loop needs
+  (``stages.agent.rollout.AgentRuntime``).
 
 Where a model role runs follows ``ppoflow.workers.backend``, a ``WORKER_BACKENDS`` entry whose
 spec says whether its ranks run in the driver process (``ranks_in_driver``) and how many it can
@@ -61,6 +63,7 @@ import torch
 
 from dataproto import DataProto
 from flows.cache.user_files import path_digest
+from stages.agent.rollout import build_agent_engines, close_agent_engines, may_use_tools
 from stages.engines.colocated import ColocatedRoles, ColocatedWorker
 from stages.engines.dispatch import check_ranks_per_chunk
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS, ROLLOUT_METHODS
@@ -334,6 +337,9 @@ def build_engines(
             rewards = build_reward(config, tokenizer)
             engines.update(rewards)
             shown["text"] = "reward: " + (", ".join(rewards) or "none")
+        if may_use_tools(config):
+            with startup.phase("engines", "tools: starting the tool sandbox"):
+                engines.update(build_agent_engines(config, tokenizer))
         for roles in _build_order(config):
             text = "; ".join(f"{role}: {describe_role(config, role)}" for role in roles)
             with startup.phase("engines", text):
@@ -368,6 +374,7 @@ def close_engines(engines: dict[str, Any]) -> None:
     On the ray backend the group that started Ray shuts it down when it closes, after which the
     other groups' actors are gone with it: every role is closed here, in any order."""
     close_reward_engines(engines)
+    close_agent_engines(engines)
     try:
         for role in MODEL_ROLES:
             if role in engines:

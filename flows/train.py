@@ -103,6 +103,7 @@ from flows.sinks.step_report import flow_run_tag, publish_step_report, report_ke
 from flows.step_flow import StepFlow, StepResult, describe_source, run_step
 from flows.validate import validate
 from stages.advantage import KL_METRIC
+from stages.agent.rollout import tool_schemas
 from stages.algos.kl_control import get_kl_controller
 from stages.config import PPORunConfig, apply_overrides, load_config
 from stages.data import StatefulPromptLoader, load_tokenizer
@@ -156,8 +157,8 @@ def load_datasets(cfg: PPORunConfig, tokenizer: Any) -> tuple[Any, Any]:
     """(train, validation) ``PromptDataset`` from data.train_files / data.val_files and the
     other ``data.*`` keys (``stages.data.from_config.load_split``)."""
     return (  # every row's route checked against the scorers here, before step 1
-        load_split(cfg.data, tokenizer, "train", cfg.reward),
-        load_split(cfg.data, tokenizer, "val", cfg.reward),
+        load_split(cfg.data, tokenizer, "train", cfg.reward, tool_schemas(cfg)),
+        load_split(cfg.data, tokenizer, "val", cfg.reward, tool_schemas(cfg)),
     )
 
 

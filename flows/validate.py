@@ -24,11 +24,13 @@ from tensordict import TensorDict
 
 from dataproto import DataProto
 from dataproto import keys as K
+from stages.agent.rollout import agent_rollout, uses_agent_loop
 from stages.data.workers import collate_batches
 from stages.metrics.validation import process_validation_metrics, split_val_core_aux
 from stages.ppo import fresh_uids
 from stages.reward.settings import settings_from_config
 from stages.reward.stage import compute_reward
+from stages.stage import StageContext
 
 GENERATION_COLUMNS = ("step", "input", "output", "score", "ground_truth")
 
@@ -63,9 +65,13 @@ def validation_order(num_rows: int, *, shuffle: bool, seed: int, step: int) -> n
 
 
 def _generate_and_score(
-    prompts: DataProto, config: Any, engines: dict[str, Any]
+    prompts: DataProto, config: Any, engines: dict[str, Any], step: int
 ) -> tuple[DataProto, DataProto]:
-    """(the generated batch with the prompt non-tensors, the reward delta) of one val batch."""
+    """(the generated batch with the prompt non-tensors, the reward delta) of one val batch.
+
+    Rows that run a tool-using agent loop go through the agent loop with the validation
+    sampling (``stages.agent.rollout.agent_rollout``), seeded by ``step``; its columns
+    (``__num_turns__``, the turns, …) join the batch."""
     gen_input = DataProto(
         batch=TensorDict(
             {key: prompts.batch[key] for key in (K.INPUT_IDS, K.ATTENTION_MASK, K.POSITION_IDS)},
@@ -74,11 +80,17 @@ def _generate_and_score(
         non_tensor_batch={},
         meta_info={},
     )
-    generated = engines["actor"].call("generate_sequences", gen_input, validate=True)
+    agent_columns = {}
+    if uses_agent_loop(prompts, config):
+        ctx = StageContext(config=config, engines=engines, step=step)
+        generated = agent_rollout(prompts, gen_input, ctx, validate=True)
+        agent_columns = generated.non_tensor_batch
+    else:
+        generated = engines["actor"].call("generate_sequences", gen_input, validate=True)
     generated.meta_info.pop(K.METRICS, None)
     batch = DataProto(
         batch=generated.batch,
-        non_tensor_batch=dict(prompts.non_tensor_batch),
+        non_tensor_batch={**prompts.non_tensor_batch, **agent_columns},
         meta_info={},
     )
     reward, _ = compute_reward(batch, settings_from_config(config), engines)
@@ -118,19 +130,25 @@ def validate(config: Any, engines: dict[str, Any], dataset: Any, tokenizer: Any,
     row_lists = [order[i : i + size].tolist() for i in range(0, len(dataset), size)]
     # one batch gains nothing from a worker but its start-up
     workers = min(data.dataloader_num_workers, len(row_lists)) if len(row_lists) > 1 else 0
-    sources, uids, infos, batches = [], [], {"reward": []}, []
+    sources, uids, infos, batches, turns = [], [], {"reward": []}, [], []
     for prompts in collate_batches(dataset, row_lists, workers):
         if K.UID not in prompts.non_tensor_batch:
             prompts.non_tensor_batch[K.UID] = fresh_uids(len(prompts))
-        batch, reward = _generate_and_score(prompts.repeat(n, interleave=True), config, engines)
+        batch, reward = _generate_and_score(
+            prompts.repeat(n, interleave=True), config, engines, step
+        )
         infos["reward"].extend(reward.batch[K.SEQ_SCORES].tolist())
         for key in reward.meta_info.get(K.REWARD_EXTRA_KEYS, []):
             infos.setdefault(key, []).extend(reward.non_tensor_batch[key].tolist())
         nt = batch.non_tensor_batch
         sources.extend(nt.get(K.DATA_SOURCE, np.full(len(batch), "unknown", dtype=object)))
         uids.extend(nt[K.UID])
+        if K.NUM_TURNS in nt:
+            turns.extend(nt[K.NUM_TURNS].tolist())
         batches.append((batch, reward))
-    metrics = split_val_core_aux(process_validation_metrics(sources, uids, infos))
+    metrics = split_val_core_aux(
+        process_validation_metrics(sources, uids, infos), np.array(turns) if turns else None
+    )
     first_batch, first_reward = batches[0]
     rows = _generation_rows(
         first_batch, first_reward, tokenizer, step, config.trainer.log_val_generations

@@ -61,13 +61,15 @@ def run_validation(cfg: Any, step: int) -> tuple[ValidationResult, int]:
     from flows.engines import build_reward, build_role, close_engines, seed_everything
     from flows.process.device import apply_device
     from flows.validate import validate
+    from stages.agent.rollout import tool_schemas
     from stages.data import load_tokenizer
     from stages.data.from_config import load_split
 
     apply_device(cfg)
     seed_everything(cfg.trainer.seed)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path)
-    val_set = load_split(cfg.data, tokenizer, "val", cfg.reward)  # routes checked: it scores
+    # routes checked: it scores
+    val_set = load_split(cfg.data, tokenizer, "val", cfg.reward, tool_schemas(cfg))
     engines: dict[str, Any] = {}
     try:
         engines.update(build_reward(cfg, tokenizer))  # the scorer processes before any model

@@ -6,7 +6,7 @@ for a config (and step), its ``requires`` / ``produces`` are checked before any 
 come from a cached stage.
 
 The reward stage is ``stages.reward.stage.REWARD_STAGE`` with two additions: the optional keys
-``extra_info`` / ``__num_turns__`` / ``reward_route`` are passed to it when the batch holds them
+``extra_info`` / ``__num_turns__`` / ``tool_rewards`` / ``reward_route`` are passed to it when the batch holds them
 (the scorers read ``extra_info``; ``reward_route`` is the routing column named by
 ``data.reward_fn_key`` when that is not ``data_source``), and the reward extras it returns (e.g.
 ``acc``, ``pred``) are accepted as run-time-named non-tensor keys.
@@ -33,6 +33,7 @@ from tensordict import TensorDict
 from dataproto import DataProto
 from dataproto import keys as K
 from stages.advantage import ADVANTAGE_STAGE
+from stages.agent.trajectory import TOOL_REWARDS
 from stages.balance import BALANCE_STAGE
 from stages.old_log_prob import OLD_LOG_PROB_STAGE
 from stages.ref_log_prob import REF_LOG_PROB_STAGE
@@ -51,7 +52,12 @@ from stages.values import VALUES_STAGE
 
 PPO_REWARD_STAGE = replace(
     REWARD_STAGE,
-    optional=(non_tensor(K.EXTRA_INFO), non_tensor(K.NUM_TURNS), non_tensor(K.REWARD_ROUTE)),
+    optional=(
+        non_tensor(K.EXTRA_INFO),
+        non_tensor(K.NUM_TURNS),
+        non_tensor(TOOL_REWARDS),
+        non_tensor(K.REWARD_ROUTE),
+    ),
     extra_outputs=("non_tensor_batch",),
 )
 

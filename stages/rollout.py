@@ -37,6 +37,8 @@ from torch import Tensor
 
 from dataproto import DataProto
 from dataproto import keys as K
+from stages.agent.agents import AGENT_NAME_KEY
+from stages.agent.rollout import agent_rollout, tool_modules, uses_agent_loop
 from stages.algos.advantages import ADV_ESTIMATORS
 from stages.engine_calls import run_engine
 from stages.stage import DerivedKey, Stage, StageContext, non_tensor, step_seed, tensor
@@ -75,7 +77,11 @@ def sampling_seed(ctx: StageContext) -> int:
 
 def rollout_fn(batch: DataProto, ctx: StageContext) -> DataProto:
     """requires: prompt_* (B, P); produces: :data:`ROLLOUT_KEYS`. Sampling is seeded per step
-    (:func:`sampling_seed`)."""
+    (:func:`sampling_seed`). When a row runs a tool-using agent loop the batch is rolled out by
+    :func:`stages.agent.rollout.agent_rollout` (multi-turn; it also adds the agent columns of
+    :mod:`stages.agent.trajectory`)."""
+    if uses_agent_loop(batch, ctx.config):
+        return agent_rollout(batch, generation_prompts(batch), ctx)
     out = run_engine(
         ctx,
         "actor",
@@ -141,12 +147,35 @@ ROLLOUT_STAGE = Stage(
         "actor_rollout_ref.rollout.max_num_seqs",
         "actor_rollout_ref.rollout.seed",
         "actor_rollout_ref.rollout.dtype",
+        *(
+            f"actor_rollout_ref.rollout.multi_turn.{name}"
+            for name in (
+                "enable",
+                "max_assistant_turns",
+                "max_user_turns",
+                "max_parallel_calls",
+                "max_tool_response_length",
+                "tool_response_truncate_side",
+                "format",
+                "sandbox.timeout_s",
+                "sandbox.memory_mb",
+                "sandbox.output_bytes",
+                "sandbox.allow_network",
+            )
+        ),
+        "actor_rollout_ref.rollout.agent.default_agent_loop",
     ),
-    file_keys=("actor_rollout_ref.model.tokenizer_path",),
+    file_keys=(
+        "actor_rollout_ref.model.tokenizer_path",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path",
+    ),
     seeded=True,
     reads_weights=True,
     engine="actor",
     derived=ROLLOUT_DERIVED,
+    optional=(non_tensor(AGENT_NAME_KEY), non_tensor(K.EXTRA_INFO)),
+    extra_outputs=("non_tensor_batch",),
+    code_modules=tool_modules,
 )
 
 

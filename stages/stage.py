@@ -103,6 +103,9 @@ class Stage:
     derived: produced tensor key name → :class:`DerivedKey`: keys the artifact leaves out when
         they equal what ``build`` makes of its inputs and the stored keys (checked on every
         save), rebuilt on load (the rollout's ``input_ids`` from the prompts and responses).
+    code_modules: ``code_modules(config) -> module names`` whose source files the stage runs
+        although it does not import them (the rollout's tool classes, imported in the tool
+        sandbox): their files join the stage's code fingerprint, as plugins' do.
     """
 
     name: str
@@ -121,6 +124,7 @@ class Stage:
     engine: str | None = None
     reorders: str | None = None
     derived: Mapping[str, DerivedKey] = field(default_factory=dict)
+    code_modules: Callable[[Any], tuple[str, ...]] = lambda config: ()
 
     def __post_init__(self) -> None:
         if self.reorders is not None and tensor(self.reorders) not in self.produces:

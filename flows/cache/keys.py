@@ -153,8 +153,9 @@ def plugin_names(config: Any) -> tuple[str, ...]:
 
 
 def code_part(stage: Stage, config: Any) -> str:
-    """The fingerprint of the code ``stage`` runs under ``config`` (its plugins included)."""
-    return stage_code(stage, plugin_names(config)).fingerprint
+    """The fingerprint of the code ``stage`` runs under ``config``: its plugins and the modules
+    it declares for the config (``Stage.code_modules``: the rollout's tool classes) included."""
+    return stage_code(stage, (*plugin_names(config), *stage.code_modules(config))).fingerprint
 
 
 def files_part(stage: Stage, config: Any) -> dict[str, str | None]:

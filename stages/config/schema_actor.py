@@ -18,6 +18,7 @@ from pydantic import Field
 from stages.algos.defaults import ACTOR_LOSS_DEFAULTS, POLICY_LOSS_DEFAULTS
 from stages.config._base import ConfigModel, Dtype, LossAggMode
 from stages.config.choices import KlEstimatorName, PolicyLossName, RolloutBackendName
+from stages.config.schema_agent import AgentConfig, MultiTurnConfig
 
 AttnImplementation = Literal["eager", "sdpa", "flash_attention_2"]
 
@@ -309,6 +310,12 @@ class RolloutConfig(ConfigModel):
     )
     val_kwargs: ValKwargsConfig = Field(
         default_factory=ValKwargsConfig, description="Sampling for validation (section)"
+    )
+    multi_turn: MultiTurnConfig = Field(
+        default_factory=MultiTurnConfig, description="Multi-turn rollouts with tools (section)"
+    )
+    agent: AgentConfig = Field(
+        default_factory=AgentConfig, description="Agent-loop selection (section)"
     )
 
 

@@ -10,6 +10,7 @@ One row per prompt, with the columns verl's RL datasets use:
 | ``ability``    | str                                    | no (None) |
 | ``extra_info`` | dict                                   | no ({})  |
 | ``uid``        | str: kept as the prompt group id       | no       |
+| ``agent_name`` | str: the row's agent loop (``single_turn_agent``, ``tool_agent``; verl's) | no |
 | ``<reward_fn_key>`` | non-empty str: routes the scorer instead of ``data_source`` | when ``reward_fn_key`` is not ``data_source`` |
 
 ``reward_fn_key`` is verl's ``data.reward_fn_key``: the column whose value is handed to the scorer
@@ -72,6 +73,8 @@ class PromptRow:
     origin: RowOrigin | None = None
     #: the ``reward_fn_key`` column's value when that column is not ``data_source`` (else None)
     reward_route: str | None = None
+    #: the row's agent loop (a name in ``stages.agent.agents.AGENT_LOOPS``; None: the default)
+    agent_name: str | None = None
 
     def to_record(
         self, prompt_key: str = "prompt", reward_fn_key: str = DATA_SOURCE
@@ -88,6 +91,8 @@ class PromptRow:
             record["uid"] = self.uid
         if self.reward_route is not None and reward_fn_key != DATA_SOURCE:
             record[reward_fn_key] = self.reward_route
+        if self.agent_name is not None:
+            record["agent_name"] = self.agent_name
         return record
 
 
@@ -142,6 +147,16 @@ def _optional(record: dict, key: str, kind: type, origin: RowOrigin, expected: s
     return value
 
 
+def _agent_name(record: dict[str, Any], origin: RowOrigin) -> str | None:
+    """The ``agent_name`` column's value, checked against ``AGENT_LOOPS`` (None when absent)."""
+    from stages.agent.agents import AGENT_LOOPS
+
+    name = _optional(record, "agent_name", str, origin, "a str or null")
+    if name is not None and name not in AGENT_LOOPS:
+        raise _fail(origin, "agent_name", f"one of {AGENT_LOOPS.names()}", name)
+    return name
+
+
 def _route(record: dict[str, Any], origin: RowOrigin, reward_fn_key: str) -> str | None:
     """The ``reward_fn_key`` column's value (None when that column is ``data_source``)."""
     if reward_fn_key == DATA_SOURCE:
@@ -180,6 +195,7 @@ def validate_record(
         uid=_optional(record, "uid", str, origin, "a str or null"),
         origin=origin,
         reward_route=_route(record, origin, reward_fn_key),
+        agent_name=_agent_name(record, origin),
     )
 
 

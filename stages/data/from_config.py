@@ -30,13 +30,19 @@ Split = Literal["train", "val"]
 
 
 def load_split(
-    data: DataConfig, tokenizer: Any, split: Split, reward: RewardConfig | None = None
+    data: DataConfig,
+    tokenizer: Any,
+    split: Split,
+    reward: RewardConfig | None = None,
+    tools: list[dict] | None = None,
 ) -> PromptDataset:
     """The ``split`` dataset of the ``data`` config slice (module docstring).
 
     ``reward`` is the run's reward section: when its rule-based loop routes by the built-in
     registry (no custom reward function, not the reward model alone), every row's route must
     name a built-in scorer. A caller that only reads the data (no scoring) passes None.
+    ``tools``: the tool schemas rendered into every prompt (``stages.agent.rollout.tool_schemas``
+    of the run config: ``multi_turn.tool_config_path``'s tools); None: none.
 
     Raises:
         FileNotFoundError / IsADirectoryError / ValueError: a missing file, a directory given
@@ -64,6 +70,7 @@ def load_split(
         seed=data.seed,
         num_workers=data.filter_overlong_prompts_workers,
         return_raw_chat=data.return_raw_chat,
+        tools=tools,
     )
     if reward is not None and settings_from_sections(reward, data).routes_by_registry:
         check_routes(dataset.rows, data.reward_fn_key)

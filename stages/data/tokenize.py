@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 INDEX = keys.INDEX
+AGENT_NAME = "agent_name"  # (B,) object str | None: the row's agent loop (stages.agent.agents)
 #: worker processes start from a clean server process (``fork`` after torch is unsafe)
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
@@ -71,36 +72,55 @@ def plain_template(messages: Sequence[dict[str, Any]]) -> str:
     return lines + "assistant: "
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[dict[str, Any]]) -> str:
-    """Chat template with the generation prompt when the tokenizer has one, else `plain_template`."""
+def render_prompt(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict] | None = None
+) -> str:
+    """Chat template with the generation prompt when the tokenizer has one, else `plain_template`.
+
+    ``tools``: OpenAI function schemas the template renders into the prompt (``tools=``, as
+    verl's agent loop renders ``multi_turn.tool_config_path``'s tools); None or empty: none.
+    """
     if getattr(tokenizer, "chat_template", None):
+        extra = {"tools": list(tools)} if tools else {}
         return tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=False
+            list(messages), add_generation_prompt=True, tokenize=False, **extra
+        )
+    if tools:
+        raise ValueError(
+            "actor_rollout_ref.rollout.multi_turn.tool_config_path renders tool schemas with the "
+            "tokenizer's chat template, and this tokenizer has none; use a tokenizer with a "
+            "chat_template"
         )
     return plain_template(messages)
 
 
-def encode_prompt(tokenizer: Any, messages: Sequence[dict[str, Any]]) -> list[int]:
+def encode_prompt(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict] | None = None
+) -> list[int]:
     """Token ids of the rendered prompt (no special tokens added beyond the template's)."""
     return list(
-        tokenizer(render_prompt(tokenizer, messages), add_special_tokens=False)["input_ids"]
+        tokenizer(render_prompt(tokenizer, messages, tools), add_special_tokens=False)["input_ids"]
     )
 
 
 _worker_tokenizer: Any = None  # the tokenizer of an encode_prompts worker process
+_worker_tools: Any = None  # and the tool schemas it renders
 
 
-def _init_encoder(tokenizer: Any) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = tokenizer
+def _init_encoder(tokenizer: Any, tools: Any = None) -> None:
+    global _worker_tokenizer, _worker_tools
+    _worker_tokenizer, _worker_tools = tokenizer, tools
 
 
 def _encode_chunk(chats: list[list[dict[str, Any]]]) -> list[list[int]]:
-    return [encode_prompt(_worker_tokenizer, messages) for messages in chats]
+    return [encode_prompt(_worker_tokenizer, messages, _worker_tools) for messages in chats]
 
 
 def encode_prompts(
-    tokenizer: Any, chats: Sequence[Sequence[dict[str, Any]]], num_workers: int = 1
+    tokenizer: Any,
+    chats: Sequence[Sequence[dict[str, Any]]],
+    num_workers: int = 1,
+    tools: Sequence[dict] | None = None,
 ) -> list[list[int]]:
     """`encode_prompt` of every chat, in order; in ``num_workers`` processes when > 1.
 
@@ -117,12 +137,15 @@ def encode_prompts(
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1 process, got {num_workers}")
     if num_workers == 1 or len(chats) < 2:
-        return [encode_prompt(tokenizer, messages) for messages in chats]
+        return [encode_prompt(tokenizer, messages, tools) for messages in chats]
     workers = min(num_workers, len(chats))
     size = -(-len(chats) // (4 * workers))  # about four chunks per worker
     chunks = [list(chats[i : i + size]) for i in range(0, len(chats), size)]
     with ProcessPoolExecutor(
-        workers, mp.get_context(START_METHOD), initializer=_init_encoder, initargs=(tokenizer,)
+        workers,
+        mp.get_context(START_METHOD),
+        initializer=_init_encoder,
+        initargs=(tokenizer, tools),
     ) as pool:
         return [ids for chunk in pool.map(_encode_chunk, chunks) for ids in chunk]
 
@@ -244,6 +267,8 @@ class PromptDataset:
         }
         if self.has_uid:
             non_tensors[keys.UID] = _object_array([r.uid for r in rows])
+        if any(r.agent_name is not None for r in rows):
+            non_tensors[AGENT_NAME] = _object_array([r.agent_name for r in rows])
         if self.has_reward_route:
             non_tensors[keys.REWARD_ROUTE] = _object_array([r.reward_route for r in rows])
         batch = TensorDict(tensors, batch_size=[len(rows)])
@@ -260,6 +285,7 @@ def build_prompt_dataset(
     pad_to_max_length: bool = True,
     num_workers: int = 1,
     return_raw_chat: bool = True,
+    tools: Sequence[dict] | None = None,
 ) -> PromptDataset:
     """Tokenise rows (in ``num_workers`` processes when > 1, `encode_prompts`), drop
     (``filter_overlong_prompts``) or truncate overlong ones.
@@ -279,7 +305,7 @@ def build_prompt_dataset(
             "(e.g. to its eos token) before building the dataset"
         )
     kept_rows, kept_ids = [], []
-    encoded = encode_prompts(tokenizer, [row.prompt for row in rows], num_workers)
+    encoded = encode_prompts(tokenizer, [row.prompt for row in rows], num_workers, tools)
     for row, ids in zip(rows, encoded):
         if filter_overlong_prompts and len(ids) > max_prompt_length:
             continue
@@ -320,6 +346,7 @@ def load_prompt_dataset(
     seed: int | None = None,
     num_workers: int = 1,
     return_raw_chat: bool = True,
+    tools: Sequence[dict] | None = None,
 ) -> PromptDataset:
     """`load_prompt_rows`, the ``max_samples`` cap (`max_samples_indices`, before the overlong
     filter as in verl), then `build_prompt_dataset`: one split, ready for the loader.
@@ -339,6 +366,7 @@ def load_prompt_dataset(
         pad_to_max_length=pad_to_max_length,
         num_workers=num_workers,
         return_raw_chat=return_raw_chat,
+        tools=tools,
     )
     if len(dataset) == 0:
         raise ValueError(

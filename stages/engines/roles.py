@@ -242,6 +242,7 @@ class ActorWorker(_CheckpointMixin):
         validate: bool = False,
         greedy: bool = False,
         seed: int | None = None,
+        max_new_tokens: int | None = None,
     ) -> DataProto:
         """One response per prompt row (``rollout_hf``'s layout) from the ``rollout.name`` entry of
         ``ROLLOUT_BACKENDS``: HF ``generate`` on the actor's module (``hf``), or the vLLM engine
@@ -253,9 +254,13 @@ class ActorWorker(_CheckpointMixin):
         seeds each row (``row_seeded``: any rank count samples alike), else by the rank's chunk
         index (:func:`rank_seed`: ranks draw differently). The ranks of one tensor-parallel engine
         (``rollout.tensor_model_parallel_size`` consecutive ranks) got one chunk together and
-        seed alike (:func:`chunk_index`)."""
+        seed alike (:func:`chunk_index`). ``max_new_tokens``: generate at most that many tokens
+        (the output is that wide) instead of ``rollout.response_length``: an agent loop's turn
+        gets the rest of its trajectory's budget (``stages.agent.rollout``)."""
         rollout = self.config.actor_rollout_ref.rollout
         settings = sampling_settings(self.config, self.tokenizer, validate=validate, greedy=greedy)
+        if max_new_tokens is not None:
+            settings = replace(settings, response_length=max_new_tokens)
         backend = ROLLOUT_BACKENDS.get(rollout.name)
         if seed is not None:
             chunk = chunk_index(_rank(), rollout.tensor_model_parallel_size)

@@ -40,6 +40,10 @@ PLACEHOLDERS = {
     "rs_extreme": "max|min|fraction_high|fraction_low",
     "rs_seq_stat": "mean|std|max|min|max_deviation|fraction_high|fraction_low",
     "policy": "training|rollout",
+    # agent loop (stop reasons: stages.agent.loop.STOP_REASONS)
+    "stop_reason": "length|max_assistant_turns|max_user_turns|no_tool_call|single_turn|"
+    "tool_response_too_long",
+    "tool": "[^/]+",
 }
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
@@ -75,6 +79,7 @@ _NON_ABORTED = "non-aborted (response length > 0), non-padding rows; NaN if ther
 _TOKENS = "response tokens (response_mask = 1) of non-padding rows; NaN if there are none"
 _VAL = "process_validation_metrics + split_val_core_aux"
 _PER_UID = "then averaged over the prompts (uids) of the data source that have this metric"
+_AGENT = "rollout stage (agent loop)"
 _RC = "rollout_correction / rollout_is / rollout_rs stages (decoupled); update_actor (bypass)"
 _RC_WHERE = (
     " (decoupled mode: the step batch, π_train = old_log_probs; bypass mode: each actor "
@@ -556,6 +561,57 @@ _ENTRIES = [
         "Rows the reward model scored this step.",
         "none (a count of rows)",
         "reward model",
+    ),
+    # --- agent loop (stages.agent.metrics) ---
+    (
+        "agent/rounds",
+        "Generation rounds (actor generate_sequences calls) the agent rollout took: the most assistant turns of a trajectory.",
+        "none (a count of rounds)",
+        _AGENT,
+    ),
+    (
+        "agent/stop/{stop_reason}",
+        "Fraction of trajectories that ended for that reason (length: the response budget is full; no_tool_call: a turn made no call; tool_response_too_long: a tool turn did not fit and was not appended; single_turn: the row's loop has no tools; max_*: a turn limit).",
+        "trajectories (rows) of the rollout",
+        _AGENT,
+    ),
+    ("agent/tool_calls", "Tool calls that ran this step.", "none (a count of calls)", _AGENT),
+    (
+        "agent/dropped_calls",
+        "Calls of a turn past multi_turn.max_parallel_calls, not run (verl drops them silently).",
+        "none (a count of calls)",
+        _AGENT,
+    ),
+    (
+        "agent/malformed_calls",
+        "Tool-call blocks of the model's turns that the parser (multi_turn.format) could not read.",
+        "none (a count of blocks)",
+        _AGENT,
+    ),
+    (
+        "agent/tool_seconds/{stat}",
+        "Wall time of one tool call in its sandbox process: mean or max.",
+        "tool calls that ran this step",
+        _AGENT,
+    ),
+    (
+        "agent/tool_response_tokens/{stat}",
+        "Tool-turn tokens (response_mask 0 within the response: tool results and the chat template's turn markers) per trajectory.",
+        "trajectories (rows) of the rollout",
+        _AGENT,
+    ),
+    ("agent/tool/{tool}/calls", "Calls of that tool that ran.", "none (a count of calls)", _AGENT),
+    (
+        "agent/tool/{tool}/errors",
+        "Calls of that tool whose result was not ok (raised, died, timed out, invalid result, unknown tool, bad arguments); their error text is the tool turn.",
+        "none (a count of calls)",
+        _AGENT,
+    ),
+    (
+        "agent/tool/{tool}/timeouts",
+        "Calls of that tool killed at multi_turn.sandbox.timeout_s.",
+        "none (a count of calls)",
+        _AGENT,
     ),
     (
         "reward_model/num_pad_rows",

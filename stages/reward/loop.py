@@ -74,6 +74,24 @@ def _ground_truth(reward_model: Any, row: int, uid: Any) -> Any:
     return reward_model["ground_truth"]
 
 
+#: the agent rollout's columns a scorer finds in ``extra_info`` (verl's naive manager merges
+#: ``num_turns`` and the tool extra fields into it): column → extra_info key
+AGENT_EXTRA_FIELDS = {K.NUM_TURNS: "num_turns", "tool_rewards": "tool_rewards"}
+
+
+def _with_agent_fields(extra_info: Any, nt: dict[str, np.ndarray], row: int) -> Any:
+    """``extra_info`` with the row's agent fields (:data:`AGENT_EXTRA_FIELDS`) when the batch has
+    them (a multi-turn rollout), as plain values; the row's own keys are kept and win."""
+    present = {name: key for name, key in AGENT_EXTRA_FIELDS.items() if name in nt}
+    if not present:
+        return extra_info
+    fields = {}
+    for name, key in present.items():
+        value = nt[name][row]
+        fields[key] = int(value) if name == K.NUM_TURNS else list(value)
+    return {**fields, **(extra_info or {})}
+
+
 def build_calls(
     batch: DataProto,
     tokenizer: Any,
@@ -87,7 +105,8 @@ def build_calls(
     Reads (tensor) ``responses`` (B, R), ``attention_mask`` (B, T), ``prompts`` (B, P) when
     ``with_prompt``; (non-tensor) ``route_key`` (``data_source`` or ``reward_route``: the value
     passed as ``data_source=``), ``reward_model``, ``extra_info`` (optional), ``uid`` (optional,
-    for messages).
+    for messages); after a multi-turn rollout ``extra_info`` also holds ``num_turns`` and
+    ``tool_rewards`` (:data:`AGENT_EXTRA_FIELDS`, verl's merge).
     """
     responses, attention_mask = batch.batch[K.RESPONSES], batch.batch[K.ATTENTION_MASK]
     nt = batch.non_tensor_batch
@@ -117,7 +136,7 @@ def build_calls(
             "data_source": nt[route_key][i],
             "solution_str": solution,
             "ground_truth": _ground_truth(nt[K.REWARD_MODEL][i], i, uids[i]),
-            "extra_info": extra_infos[i],
+            "extra_info": _with_agent_fields(extra_infos[i], nt, i),
             **scorer_kwargs,
         }
         if prompts is not None:

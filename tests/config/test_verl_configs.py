@@ -374,7 +374,7 @@ def test_features_ppoflow_lacks_are_named_all_in_one_round(tmp_path):
     overrides = [
         *script_overrides(GRPO_SCRIPT, tmp_path),
         "actor_rollout_ref.model.lora_rank=64",
-        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path=x.yaml",
         "algorithm.filter_groups.enable=True",
         "reward.reward_manager.name=dapo",
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
@@ -388,7 +388,7 @@ def test_features_ppoflow_lacks_are_named_all_in_one_round(tmp_path):
     assert sorted(p.split(" = ")[0] for p in unsupported) == [
         "actor_rollout_ref.model.lora_rank",
         "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space",
-        "actor_rollout_ref.rollout.multi_turn.enable",
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
         "algorithm.filter_groups.enable",
         "reward.reward_manager.name",
     ]
@@ -514,12 +514,14 @@ def test_a_verl_section_given_a_value():
     cfg = load_config("demo-cpu", ["reward.reward_manager=naive"])  # verl's older scalar form
     assert cfg.reward.custom_reward_function.path is None
     with pytest.raises(ConfigError) as info:
-        load_config("demo-cpu", ["actor_rollout_ref.rollout.multi_turn=5"])
+        load_config("demo-cpu", ["actor_rollout_ref.rollout.trace=5"])
     assert info.value.problems == [
-        "actor_rollout_ref.rollout.multi_turn = 5: in verl 0.9.1 this is a section (keys: "
-        "enable, format, function_tool_path, max_assistant_turns, max_parallel_calls, "
-        "max_tool_response_length, max_user_turns, num_repeat_rollouts, "
-        "tokenization_sanity_check_mode, tool_config_path, tool_response_truncate_side, "
-        "use_inference_chat_template); set one of its keys, e.g. "
-        "actor_rollout_ref.rollout.multi_turn.enable=…"
+        "actor_rollout_ref.rollout.trace = 5: in verl 0.9.1 this is a section (keys: backend, "
+        "experiment_name, max_samples_per_step_per_worker, project_name, token2text); set one "
+        "of its keys, e.g. actor_rollout_ref.rollout.trace.backend=…"
+    ]
+    with pytest.raises(ConfigError) as info:
+        load_config("demo-cpu", ["actor_rollout_ref.rollout.multi_turn=5"])  # a ppoflow section
+    assert info.value.problems == [
+        "actor_rollout_ref.rollout.multi_turn: got 5 (int); expected a mapping of keys"
     ]
