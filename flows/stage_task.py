@@ -181,7 +181,7 @@ def compute_stage(
         path,
         stage=stage.name,
         stage_version=str(stage.version),
-        config=config_slice(ctx.config, stage.config_keys),
+        config=config_slice(ctx.config, stage.config_keys_of(ctx.config)),
         extra=extra,
         overwrite=True,
         digest=artifact_digest(ctx.config),

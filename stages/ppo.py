@@ -45,7 +45,7 @@ from stages.rollout_correction import (
     ROLLOUT_IS_STAGE,
     ROLLOUT_RS_STAGE,
 )
-from stages.stage import Stage, non_tensor
+from stages.stage import Stage, meta, non_tensor, tensor
 from stages.update_actor import UPDATE_ACTOR_STAGE
 from stages.update_critic import UPDATE_CRITIC_STAGE
 from stages.values import VALUES_STAGE
@@ -57,6 +57,8 @@ PPO_REWARD_STAGE = replace(
         non_tensor(K.NUM_TURNS),
         non_tensor(TOOL_REWARDS),
         non_tensor(K.REWARD_ROUTE),
+        tensor(K.RM_SCORES),
+        meta(K.REWARD_EXTRA_KEYS),
     ),
     extra_outputs=("non_tensor_batch",),
 )

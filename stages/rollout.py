@@ -39,6 +39,7 @@ from dataproto import DataProto
 from dataproto import keys as K
 from stages.agent.agents import AGENT_NAME_KEY
 from stages.agent.rollout import agent_rollout, tool_modules, uses_agent_loop
+from stages.agent.scoring import score_whole_rollout, scores_in_rollout, scoring_keys
 from stages.algos.advantages import ADV_ESTIMATORS
 from stages.engine_calls import run_engine
 from stages.stage import DerivedKey, Stage, StageContext, non_tensor, step_seed, tensor
@@ -79,9 +80,18 @@ def rollout_fn(batch: DataProto, ctx: StageContext) -> DataProto:
     """requires: prompt_* (B, P); produces: :data:`ROLLOUT_KEYS`. Sampling is seeded per step
     (:func:`sampling_seed`). When a row runs a tool-using agent loop the batch is rolled out by
     :func:`stages.agent.rollout.agent_rollout` (multi-turn; it also adds the agent columns of
-    :mod:`stages.agent.trajectory`)."""
+    :mod:`stages.agent.trajectory`). With ``reward.score_in_rollout`` the delta also holds
+    ``rm_scores`` and the reward extras (:mod:`stages.agent.scoring`)."""
     if uses_agent_loop(batch, ctx.config):
         return agent_rollout(batch, generation_prompts(batch), ctx)
+    rollout = _one_call_rollout(batch, ctx)
+    if scores_in_rollout(ctx.config):
+        return rollout | score_whole_rollout(batch, rollout, ctx)
+    return rollout
+
+
+def _one_call_rollout(batch: DataProto, ctx: StageContext) -> DataProto:
+    """One ``generate_sequences`` call for the whole batch (single-turn rows)."""
     out = run_engine(
         ctx,
         "actor",
@@ -173,9 +183,17 @@ ROLLOUT_STAGE = Stage(
     reads_weights=True,
     engine="actor",
     derived=ROLLOUT_DERIVED,
-    optional=(non_tensor(AGENT_NAME_KEY), non_tensor(K.EXTRA_INFO)),
-    extra_outputs=("non_tensor_batch",),
+    optional=(
+        non_tensor(AGENT_NAME_KEY),
+        non_tensor(K.EXTRA_INFO),
+        non_tensor(K.DATA_SOURCE),
+        non_tensor(K.REWARD_ROUTE),
+        non_tensor(K.REWARD_MODEL),
+        non_tensor(K.UID),
+    ),
+    extra_outputs=("batch", "non_tensor_batch", "meta_info"),
     code_modules=tool_modules,
+    keys_for_config=scoring_keys,
 )
 
 

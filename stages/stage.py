@@ -106,6 +106,10 @@ class Stage:
     code_modules: ``code_modules(config) -> module names`` whose source files the stage runs
         although it does not import them (the rollout's tool classes, imported in the tool
         sandbox): their files join the stage's code fingerprint, as plugins' do.
+    keys_for_config: ``keys_for_config(config) -> (config keys, file keys)`` the stage reads
+        under that config only, beyond ``config_keys`` / ``file_keys`` (the rollout reads the
+        reward's settings when it scores the trajectories itself): part of its cache key then,
+        and only then.
     """
 
     name: str
@@ -125,6 +129,18 @@ class Stage:
     reorders: str | None = None
     derived: Mapping[str, DerivedKey] = field(default_factory=dict)
     code_modules: Callable[[Any], tuple[str, ...]] = lambda config: ()
+    keys_for_config: Callable[[Any], tuple[tuple[str, ...], tuple[str, ...]]] = lambda config: (
+        (),
+        (),
+    )
+
+    def config_keys_of(self, config: Any) -> tuple[str, ...]:
+        """``config_keys`` and the config keys ``keys_for_config`` adds for ``config``."""
+        return (*self.config_keys, *self.keys_for_config(config)[0])
+
+    def file_keys_of(self, config: Any) -> tuple[str, ...]:
+        """``file_keys`` and the file keys ``keys_for_config`` adds for ``config``."""
+        return (*self.file_keys, *self.keys_for_config(config)[1])
 
     def __post_init__(self) -> None:
         if self.reorders is not None and tensor(self.reorders) not in self.produces:

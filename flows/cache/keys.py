@@ -160,7 +160,7 @@ def code_part(stage: Stage, config: Any) -> str:
 
 def files_part(stage: Stage, config: Any) -> dict[str, str | None]:
     """{dotted path: content digest} of the user files and directories the stage reads."""
-    return {path: path_digest(config_value(config, path)) for path in stage.file_keys}
+    return {path: path_digest(config_value(config, path)) for path in stage.file_keys_of(config)}
 
 
 def seed_part(stage: Stage, config: Any, step: int | None) -> dict[str, int] | None:
@@ -207,7 +207,8 @@ def stage_key_parts(
             f"stage {stage.name!r} declares reads_weights=False but got a weights fingerprint "
             f"{weights_fingerprint[:16]!r}…; declare reads_weights=True or pass None"
         )
-    config_paths = [path for path in stage.config_keys if path not in stage.file_keys]
+    file_keys = stage.file_keys_of(config)
+    config_paths = [path for path in stage.config_keys_of(config) if path not in file_keys]
     parts = {
         "format": KEY_FORMAT,
         "stage": stage.name,

@@ -195,21 +195,32 @@ def run_agent_loop(
     run_tools: RunToolsFn | None = None,
     tool_turn_ids: ToolTurnIdsFn | None = None,
     make_call: MakeCallFn | None = None,
+    on_finished: Callable[[list[int]], None] | None = None,
 ) -> list[Trajectory]:
     """Run every trajectory to its end (module docstring); returns them, filled in.
 
     ``parse`` / ``run_tools`` / ``tool_turn_ids`` / ``make_call`` are needed only when some
-    trajectory ``uses_tools``.
+    trajectory ``uses_tools``. ``on_finished(indices)`` is called after each round with the
+    indices (into ``trajectories``) of those that finished in it, before the next round
+    generates: the rollout scores them meanwhile (``stages.agent.scoring``).
     """
-    live = [t for t in trajectories if not t.done]
-    if any(t.uses_tools for t in live) and None in (parse, run_tools, tool_turn_ids, make_call):
+    live = [i for i, t in enumerate(trajectories) if not t.done]
+    if any(trajectories[i].uses_tools for i in live) and None in (
+        parse,
+        run_tools,
+        tool_turn_ids,
+        make_call,
+    ):
         raise ValueError("a tool-using agent loop needs parse, run_tools, tool_turn_ids, make_call")
     while live:
-        _generation_round(live, limits, generate, parse)
-        calling = [t for t in live if t.pending_calls]
+        _generation_round([trajectories[i] for i in live], limits, generate, parse)
+        calling = [trajectories[i] for i in live if trajectories[i].pending_calls]
         if calling:
             _tool_round(calling, limits, run_tools, tool_turn_ids, make_call)
-        live = [t for t in live if not t.done]
+        finished = [i for i in live if trajectories[i].done]
+        live = [i for i in live if not trajectories[i].done]
+        if finished and on_finished is not None:
+            on_finished(finished)
     return list(trajectories)
 
 

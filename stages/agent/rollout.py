@@ -30,8 +30,9 @@ from dataproto import keys as K
 from stages.agent.agents import AGENT_LOOPS, AGENT_NAME_KEY
 from stages.agent.loop import GeneratedTurn, LoopLimits, Trajectory, run_agent_loop
 from stages.agent.metrics import agent_metrics
+from stages.agent.scoring import REWARD_LOOP_ENGINE, RolloutScorer, scored_delta, scores_in_rollout
 from stages.agent.trajectory import trajectories_to_batch
-from stages.engine_calls import run_engine
+from stages.engine_calls import get_engine, run_engine
 from stages.stage import StageContext, step_seed
 
 AGENT_ENGINE = "agent"  # ctx.engines key of the AgentRuntime
@@ -211,10 +212,22 @@ def loop_limits(config: Any) -> LoopLimits:
 
 
 def _tools_kwargs(batch: DataProto) -> list[dict[str, Any]]:
-    """(B,) each row's ``extra_info["tools_kwargs"]`` (verl's per-sample tool arguments)."""
+    """(B,) each row's ``extra_info["tools_kwargs"]`` (verl's per-sample tool arguments).
+
+    Raises:
+        ValueError: a row restricts its tools with ``extra_info["tool_selection"]``, which
+            ppoflow does not implement (every row sees every tool of the config).
+    """
     infos = batch.non_tensor_batch.get(K.EXTRA_INFO)
     if infos is None:
         return [{} for _ in range(len(batch))]
+    for row, info in enumerate(infos):
+        if (info or {}).get("tool_selection") is not None:
+            raise ValueError(
+                f"row {row}: extra_info.tool_selection (verl's per-sample tool subset) is not "
+                "implemented in ppoflow; remove it (every row may call every tool of "
+                "actor_rollout_ref.rollout.multi_turn.tool_config_path)"
+            )
     return [dict((info or {}).get("tools_kwargs") or {}) for info in infos]
 
 
@@ -244,6 +257,15 @@ def agent_rollout(
         for row, kwargs in enumerate(_tools_kwargs(batch))
     ]
     limits = loop_limits(ctx.config)
+    scorer = None
+    if not validate and scores_in_rollout(ctx.config):
+        scorer = RolloutScorer(
+            get_engine(ctx, REWARD_LOOP_ENGINE),
+            batch,
+            prompts.batch,
+            limits.response_length,
+            tokenizer.pad_token_id,
+        )
     run_agent_loop(
         trajectories,
         limits,
@@ -252,8 +274,18 @@ def agent_rollout(
         run_tools=runtime.sandbox.run,
         tool_turn_ids=runtime.chat_delta.tool_turn_ids,
         make_call=runtime.make_call,
+        on_finished=None
+        if scorer is None
+        else lambda rows: scorer.submit(rows, [trajectories[i] for i in rows]),
     )
     ctx.metrics.update(agent_metrics(trajectories))
-    return trajectories_to_batch(
+    out = trajectories_to_batch(
         prompts.batch, trajectories, limits.response_length, tokenizer.pad_token_id
     )
+    if scorer is not None:
+        result, waited = scorer.finish(len(trajectories))
+        delta, metrics = scored_delta(result, out.batch[K.ATTENTION_MASK], limits.response_length)
+        metrics |= {"reward/time_s": scorer.busy_s, "reward/in_rollout_wait_s": waited}
+        ctx.metrics.update(metrics)
+        out = out | delta
+    return out

@@ -40,7 +40,18 @@ def cross_field_problems(cfg: PPORunConfig) -> list[str]:
         *_loss_problems(cfg),
         *_engine_problems(cfg),
         *_trainer_problems(cfg),
+        *_reward_problems(cfg),
     ]
+
+
+def _reward_problems(cfg: PPORunConfig) -> list[str]:
+    if cfg.reward.score_in_rollout and cfg.reward.reward_model.enable:
+        return [
+            "reward.score_in_rollout = true scores each trajectory with the rule-based reward "
+            "loop inside the rollout, but reward.reward_model.enable = true scores the batch "
+            "after it; set reward.score_in_rollout = false (or null) or disable the reward model"
+        ]
+    return []
 
 
 def _batch_problems(cfg: PPORunConfig, role: str) -> list[str]:

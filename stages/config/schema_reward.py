@@ -80,6 +80,10 @@ class RewardConfig(ConfigModel):
         le=1.0,
         description="Stop the run when more than this share of a batch got no score (raised, timed out, non-number); 1.0 = only when every sample failed [ppoflow-only] (fraction)",
     )
+    score_in_rollout: bool | None = Field(
+        None,
+        description="Score each trajectory inside the rollout as soon as it finishes, while others still generate (the reward stage then passes the scores on); null = on for agent rollouts that may use tools, off for single-turn ones; needs the rule-based loop without reward_model [ppoflow-only] (bool)",
+    )
     custom_reward_function: CustomRewardFunctionConfig = Field(
         default_factory=CustomRewardFunctionConfig, description="User scoring function (section)"
     )

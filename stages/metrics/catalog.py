@@ -534,9 +534,15 @@ _ENTRIES = [
     ),
     (
         "reward/time_s",
-        "Wall time of scoring the step's batch (reward model and scorer pool), in seconds.",
+        "Wall time of scoring the step's batch (reward model and scorer pool), in seconds; with reward.score_in_rollout the time the rollout's scoring thread spent scoring, overlapped with generation.",
         "none (one value per step)",
-        "reward stage",
+        "reward stage, or the rollout stage with reward.score_in_rollout",
+    ),
+    (
+        "reward/in_rollout_wait_s",
+        "With reward.score_in_rollout in an agent rollout: seconds the rollout waited for the scores after its last generation round (the scoring time not hidden behind generation).",
+        "none (one value per step)",
+        "rollout stage (agent loop)",
     ),
     (
         "reward/skipped",

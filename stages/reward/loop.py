@@ -172,6 +172,7 @@ class RewardLoop:
             output_bytes=settings.worker_output_bytes,
             reserved_names=RESERVED_EXTRA_NAMES,
         )
+        self._dropped_in_batch = 0  # scorer output bytes dropped since the last summarize
         self.is_async = self._pool.info.is_async
         self.wants_prompt = self._pool.info.wants_prompt
         if self._pool.info.threads > 1:
@@ -192,6 +193,13 @@ class RewardLoop:
         Raises:
             ScorerFailureError: more than ``max_invalid_fraction`` of the rows (or all) failed.
         """
+        calls = self.calls_for(batch)
+        uids = batch.non_tensor_batch.get(K.UID, np.arange(len(calls)))
+        return self.score_calls(calls, uids)
+
+    def calls_for(self, batch: DataProto) -> list[dict[str, Any]]:
+        """The scorer's keyword dicts of every row of ``batch`` (:func:`build_calls`); with the
+        built-in router, an unknown data source fails here."""
         route_key = self.settings.route_key
         calls = build_calls(
             batch,
@@ -202,8 +210,7 @@ class RewardLoop:
         )
         if self.scorer == DEFAULT_SCORER:
             check_data_sources(batch.non_tensor_batch[route_key])  # unknown names fail now
-        uids = batch.non_tensor_batch.get(K.UID, np.arange(len(calls)))
-        return self.score_calls(calls, uids)
+        return calls
 
     def score_calls(self, calls: Sequence[dict[str, Any]], uids: Sequence[Any]) -> LoopResult:
         """Score already-built keyword dicts (one per sample); ``uids`` label the log messages.
@@ -211,18 +218,35 @@ class RewardLoop:
         Raises:
             ScorerFailureError: more than ``max_invalid_fraction`` of the calls (or all) failed.
         """
+        return self.summarize(calls, self.map_calls(calls), uids)
+
+    def map_calls(self, calls: Sequence[dict[str, Any]]) -> list[Any]:
+        """The scorer's outcome of each call (workers, timeouts, output cap); no stop rule."""
+        outcomes = self._pool.map(calls, self.settings.timeout_s)
+        self._dropped_in_batch += self._pool.output_dropped
+        return outcomes
+
+    def summarize(
+        self, calls: Sequence[dict[str, Any]], outcomes: Sequence[Any], uids: Sequence[Any]
+    ) -> LoopResult:
+        """The batch's :class:`LoopResult` from its calls' outcomes (:meth:`map_calls`, maybe
+        in several parts), counted and logged once, then the stop rule.
+
+        Raises:
+            ScorerFailureError: more than ``max_invalid_fraction`` of the calls (or all) failed.
+        """
         settings = self.settings
-        outcomes = self._pool.map(calls, settings.timeout_s)
-        if self._pool.output_dropped:
+        dropped, self._dropped_in_batch = self._dropped_in_batch, 0
+        if dropped:
             logger.warning(
                 "reward scorer %s printed more than %s=%d bytes in this batch; %d bytes of its "
                 "output were dropped (%d over the run)",
                 self.scorer.label, OUTPUT_KEY, settings.worker_output_bytes,
-                self._pool.output_dropped, self._pool.output_dropped_total,
+                dropped, self._pool.output_dropped_total,
             )  # fmt: skip
         data_sources = [call.get("data_source") for call in calls]
         result = summarize(outcomes, uids, data_sources, settings.error_score)
-        result.output_dropped_bytes = self._pool.output_dropped
+        result.output_dropped_bytes = dropped
         check_failure_share(result, uids, settings.max_invalid_fraction, self.scorer.label)
         return result
 

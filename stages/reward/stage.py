@@ -86,11 +86,13 @@ def _given_scores_delta(batch: DataProto) -> DataProto:
     """The delta when the batch already holds ``rm_scores`` (B, R), e.g. streamed by the
     rollout: verl then uses them as they are. The declared keys are returned — ``rm_scores``
     unchanged (the union accepts an equal value) and ``seq_scores`` = Σ_t rm_scores (B,) — so the
-    stage's contract holds; no scorer or reward model runs."""
+    stage's contract holds; no scorer or reward model runs. ``reward_extra_keys`` are the
+    scorer's extras already in the batch (those the rollout's scoring added), if any."""
     rm_scores = batch.batch[K.RM_SCORES]
+    extra_keys = list(batch.meta_info.get(K.REWARD_EXTRA_KEYS, []))
     return DataProto.from_dict(
         {K.RM_SCORES: rm_scores, SEQ_SCORES: rm_scores.sum(-1).float()},
-        meta_info={K.REWARD_EXTRA_KEYS: []},
+        meta_info={K.REWARD_EXTRA_KEYS: extra_keys},
     )
 
 

@@ -34,9 +34,10 @@ it, even those inside a hung call; ``output_fds`` become its stdout and stderr (
 reads under ``reward.worker_output_bytes``); ``RLIMIT_AS`` is set to its address space at the
 fork plus ``memory_mb`` MiB (``reward.worker_memory_mb``; processes the scorer starts inherit
 it); with ``no_network`` (the tool sandbox, ``stages.agent.sandbox``; reward scorers keep the
-network) it has no network: :func:`unshare_network` moves it into a user and network namespace
-of its own, which holds only a loopback device that is down (a connection fails with "Network is
-unreachable"), or, where the kernel refuses that (EPERM in some containers; the zygote probes it
+network) it has no network: :func:`unshare_network` moves the zygote (once, at start-up, so
+every worker inherits it; a zygote whose import left threads running moves each worker instead)
+into a user and network namespace, which holds only a loopback device that is down (a
+connection fails with "Network is unreachable"), or, where the kernel refuses that (EPERM in some containers; the zygote probes it
 once at start-up), :func:`refuse_network` installs an audit hook that raises ``PermissionError``
 on every socket connect, bind, send-to and name lookup. The hook binds Python code only (a C
 extension's own sockets pass), so the start-up reply says which of the two is in force.
@@ -191,6 +192,13 @@ class _WorkerSetup:
 
         self._prctl = ctypes.CDLL(None, use_errno=True).prctl
         self.network_mode = _probe_network_mode() if self.limits.no_network else None
+        # one namespace for every worker, made here once (about 6 ms a worker otherwise): a
+        # process may only unshare a user namespace while it holds one thread
+        self._network_cut = (
+            self.network_mode == "namespace"
+            and threading.active_count() == 1
+            and unshare_network()
+        )
 
     def in_child(self) -> None:
         # the zygote forks from its main thread, so the parent-death signal fires at its exit
@@ -202,7 +210,7 @@ class _WorkerSetup:
                 os.dup2(fd, target)
                 os.close(fd)
         if self.network_mode == "audit-hook" or (
-            self.network_mode == "namespace" and not unshare_network()
+            self.network_mode == "namespace" and not self._network_cut and not unshare_network()
         ):
             refuse_network()
         if self.limits.memory_mb is not None:

@@ -3,6 +3,7 @@ tool turns from the sandbox, masks, and the actor's recomputed log-probs equal t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from dataproto import DataProto
 from dataproto import keys as K
 from stages.agent.loop import GeneratedTurn
 from stages.agent.rollout import AGENT_ENGINE, AgentRuntime, tool_schemas
-from stages.config import load_config
+from stages.config import apply_overrides, load_config
 from stages.data.tiny_model import make_tiny_model
 from stages.data.tokenize import encode_prompt
 from stages.engines.roles import ActorWorker
@@ -68,6 +69,7 @@ def run_setup(tmp_path_factory):
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={root / 'tools.yaml'}",
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
             "actor_rollout_ref.rollout.multi_turn.sandbox.num_workers=2",
+            "reward.score_in_rollout=false",  # the tests below score after; the last one inside
             "data.train_batch_size=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
@@ -198,3 +200,43 @@ def test_the_same_step_samples_the_same_trajectories(run_setup):
         )
         outs.append(rollout_fn(batch, ctx).batch[K.RESPONSES])
     assert torch.equal(outs[0], outs[1])
+
+
+def test_scores_inside_the_loop_equal_the_reward_stages_on_the_same_trajectories(
+    run_setup, monkeypatch
+):
+    from stages.reward.loop import RewardLoop
+    from stages.reward.settings import settings_from_config
+    from stages.reward.stage import compute_reward
+
+    config, actor, runtime = run_setup
+    config = apply_overrides(config, ["reward.score_in_rollout=true"])
+    forced_tool_call(actor, monkeypatch)
+    batch = step_batch(actor, config, ["find a", "find b"], n=2)
+    rows = len(batch)
+    batch.non_tensor_batch |= {
+        K.DATA_SOURCE: np.array(["openai/gsm8k"] * rows, dtype=object),
+        K.REWARD_MODEL: np.array([{"ground_truth": "7"}] * rows, dtype=object),
+        K.EXTRA_INFO: np.array([{"index": i} for i in range(rows)], dtype=object),
+        K.UID: np.array(["u0", "u0", "u1", "u1"], dtype=object),
+    }
+    settings = replace(settings_from_config(config), num_workers=1)
+    with RewardLoop(actor.tokenizer, settings) as loop:
+        engines = {"actor": Direct(actor), AGENT_ENGINE: runtime, "reward_loop": loop}
+        ctx = StageContext(config=config, engines=engines, step=2)
+        out = rollout_fn(batch, ctx)
+        assert K.RM_SCORES in out.batch and "acc" in out.non_tensor_batch
+        assert ctx.metrics["reward/in_rollout_wait_s"] >= 0.0
+        after = out.batch.exclude(K.RM_SCORES)
+        scored_after = DataProto(
+            batch=after, non_tensor_batch={**batch.non_tensor_batch, **out.non_tensor_batch}
+        )
+        stage_delta, _ = compute_reward(scored_after, settings, engines)
+    torch.testing.assert_close(out.batch[K.RM_SCORES], stage_delta.batch[K.RM_SCORES])
+    assert out.meta_info[K.REWARD_EXTRA_KEYS] == stage_delta.meta_info[K.REWARD_EXTRA_KEYS]
+    # the reward stage, given the rollout's scores, passes them on and scores nothing
+    passed, metrics = compute_reward(
+        DataProto(batch=out.batch, non_tensor_batch={}, meta_info=dict(out.meta_info)), settings, {}
+    )
+    assert metrics == {"reward/skipped": 1.0}
+    assert passed.meta_info[K.REWARD_EXTRA_KEYS] == out.meta_info[K.REWARD_EXTRA_KEYS]

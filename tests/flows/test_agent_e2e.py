@@ -51,7 +51,11 @@ def test_two_steps_with_the_tool_agent_loop(tmp_path, make_demo_inputs, tiny_run
     nt = rollout.non_tensor_batch
     assert set(nt) >= {K.NUM_TURNS, K.TOOL_CALL_COUNTS, "agent_turns", "agent_stop_reason"}
     assert all(turns[0]["role"] == "assistant" for turns in nt["agent_turns"])
+    assert K.RM_SCORES in rollout.batch  # scored inside the rollout (the agent default)
+    reward = store.read_journal(1).record("reward")
+    assert reward.status == "ran"
     for row in result.history:
+        assert row["reward/skipped"] == 1.0 and "reward/in_rollout_wait_s" in row
         assert row["num_turns/mean"] >= 2
         assert sum(v for k, v in row.items() if k.startswith("agent/stop/")) == pytest.approx(1.0)
     assert any("val-aux/num_turns/mean" in row for row in result.history)
