@@ -82,3 +82,37 @@ def tiny_run_overrides():
 def make_demo_inputs():
     """``f(root, n_train=32, n_val=8) -> root``: writes the demo data and the tiny model."""
     return _make_demo_inputs
+
+
+#: verl's gsm8k tool config (examples/sglang_multiturn/config/tool_config/gsm8k_tool_config.yaml),
+#: byte for byte (its trailing space after ``config:`` included)
+VERL_GSM8K_TOOL_CONFIG = """\
+tools:
+  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
+    config:\x20
+      type: native
+    tool_schema:
+      type: "function"
+      function:
+        name: "calc_gsm8k_reward"
+        description: "A tool for calculating the reward of gsm8k. (1.0 if parsed answer is correct, 0.0 if parsed answer is incorrect or not correctly parsed)"
+        parameters:
+          type: "object"
+          properties:
+            answer:
+              type: "string"
+              description: "The model's answer to the GSM8K math problem, must be a digits"
+          required: ["answer"]
+"""
+
+
+@pytest.fixture(scope="session")
+def write_verl_gsm8k_tool_config():
+    """``f(path) -> path``: writes verl's gsm8k tool config, as verl ships it, at ``path``."""
+
+    def write(path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(VERL_GSM8K_TOOL_CONFIG, encoding="utf-8")
+        return path
+
+    return write
