@@ -4,7 +4,8 @@ time the point is reached (tests/flows/test_kill_matrix.py).
 Put this directory on ``PYTHONPATH``, start ``ppoflow train`` as the leader of a new process
 group (``start_new_session=True``) and set ``PPOFLOW_TEST_KILL_AT=<point>:<n>``. When the
 training reaches ``<point>`` for the ``n``-th time (1-based), one JSON line (point, n, pid,
-thread, what was being done) is appended to ``PPOFLOW_TEST_KILL_LOG`` and fsync'ed, and the whole
+thread, what was being done, and ``group``: the pid, parent pid and command line of each live
+process of the group) is appended to ``PPOFLOW_TEST_KILL_LOG`` and fsync'ed, and the whole
 group gets SIGKILL: the trainer, its reward workers and whatever else it started, at once, as a
 ``kill -9`` of the group would. Nothing is timed: the point is a function call.
 
@@ -28,6 +29,11 @@ Points (``<stage>`` is a stage name of flows/step_flow.py, e.g. ``rollout``, ``u
                            step's metrics are not sent to the MLflow process yet)
 ``publish.sent``           the publishing thread's ``MLflowProcessSink.log_metrics`` returned (the
                            step's metrics are in the store, its Prefect report is not)
+``agent.round``            the multi-turn agent loop starts a generation round
+                           (``stages.agent.loop._generation_round``), in a training rollout or a
+                           validation; the detail names which, its step, and the round
+``agent.tools``            a tool round runs its calls on the sandbox
+                           (``stages.agent.sandbox.ToolSandbox.run``); same detail
 =========================  ===================================================================
 
 A point of the main thread first waits for the publishing thread to finish the step it is
@@ -60,8 +66,10 @@ _LOG = os.environ.get("PPOFLOW_TEST_KILL_LOG")
 CHECKPOINT_POINTS = ("actor", "critic", "state", "manifest", "tracker", "saved")
 PUBLISH_POINTS = ("start", "sent")
 STAGE_POINTS = ("start", "computed", "write")
+AGENT_POINTS = ("round", "tools")
 _reached: Counter[str] = Counter()
 _publishers: list[Any] = []
+_agent_rollouts: list[str] = []  # "rollout step 3" / "validation step 4" while one runs
 
 
 def parse(spec: str) -> tuple[str, int]:
@@ -71,13 +79,14 @@ def parse(spec: str) -> tuple[str, int]:
     known = (
         (area == "checkpoint" and phase in CHECKPOINT_POINTS)
         or (area == "publish" and phase in PUBLISH_POINTS)
-        or (area not in ("checkpoint", "publish") and bool(area) and phase in STAGE_POINTS)
+        or (area == "agent" and phase in AGENT_POINTS)
+        or (area not in ("checkpoint", "publish", "agent") and bool(area) and phase in STAGE_POINTS)
     )
     if not known or not count.isdigit() or int(count) < 1:
         raise SystemExit(
             f"PPOFLOW_TEST_KILL_AT={spec!r}: expected <point>:<n> with n ≥ 1 and point one of "
             f"<stage>.{{{','.join(STAGE_POINTS)}}}, checkpoint.{{{','.join(CHECKPOINT_POINTS)}}}, "
-            f"publish.{{{','.join(PUBLISH_POINTS)}}}"
+            f"publish.{{{','.join(PUBLISH_POINTS)}}}, agent.{{{','.join(AGENT_POINTS)}}}"
         )
     return point, int(count)
 
@@ -90,6 +99,25 @@ def _drain_publishers() -> None:
             pending.exception(timeout=300)  # done, failed or not: the store is as it will be
 
 
+def _group_members(pgid: int) -> list[dict[str, Any]]:
+    """pid, parent pid and command line of each live process of group ``pgid`` (from /proc)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat_file:
+                stat = stat_file.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as cmd_file:
+                argv = cmd_file.read().decode(errors="replace").split("\0")
+        except OSError:  # the process ended while we looked
+            continue
+        state, ppid, group = stat[stat.rindex(")") + 2 :].split()[:3]
+        if int(group) == pgid and state not in ("Z", "X"):
+            members.append({"pid": int(entry), "ppid": int(ppid), "argv": argv[:-1]})
+    return members
+
+
 def reached(point: str, detail: str) -> None:
     """Count ``point``; at the chosen count, record it and SIGKILL the process group."""
     if point != _TARGET or os.getpid() != os.getpgid(0):  # the group leader only
@@ -100,7 +128,14 @@ def reached(point: str, detail: str) -> None:
     thread = threading.current_thread().name
     if not point.startswith("publish."):
         _drain_publishers()
-    line = {"point": point, "n": _COUNT, "pid": os.getpid(), "thread": thread, "detail": detail}
+    line = {
+        "point": point,
+        "n": _COUNT,
+        "pid": os.getpid(),
+        "thread": thread,
+        "detail": detail,
+        "group": _group_members(os.getpgid(0)),
+    }
     if _LOG:
         handle = os.open(_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -210,6 +245,45 @@ def _patch_publisher(module: Any) -> None:
     module.Publisher.__init__ = recording_init
 
 
+def _in_agent_rollout(fn: Callable) -> Callable:
+    """``agent_rollout`` noting, while it runs, which rollout it is (the agent points' detail)."""
+
+    @functools.wraps(fn)
+    def wrapper(batch: Any, prompts: Any, ctx: Any, validate: bool = False) -> Any:
+        _agent_rollouts.append(f"{'validation' if validate else 'rollout'} step {ctx.step}")
+        try:
+            return fn(batch, prompts, ctx, validate)
+        finally:
+            _agent_rollouts.pop()
+
+    return wrapper
+
+
+def _agent_rollout_name() -> str:
+    return _agent_rollouts[-1] if _agent_rollouts else "outside agent_rollout"
+
+
+def _patch_agent_rollout(module: Any) -> None:
+    module.agent_rollout = _in_agent_rollout(module.agent_rollout)
+
+
+def _patch_agent_loop(module: Any) -> None:
+    module._generation_round = _before(  # run_agent_loop reads the module's global at each call
+        module._generation_round,
+        lambda live, *_a: (
+            "agent.round",
+            f"{_agent_rollout_name()}: round {live[0].assistant_turns + 1}, {len(live)} live",
+        ),
+    )
+
+
+def _patch_sandbox(module: Any) -> None:
+    module.ToolSandbox.run = _before(
+        module.ToolSandbox.run,
+        lambda _box, calls: ("agent.tools", f"{_agent_rollout_name()}: {len(calls)} calls"),
+    )
+
+
 PATCHES: dict[str, Callable[[Any], None]] = {
     "flows.stage_task": _patch_stage_task,
     "dataproto.artifact_store": _patch_artifact_store,
@@ -217,6 +291,9 @@ PATCHES: dict[str, Callable[[Any], None]] = {
     "flows.runs.checkpoints": _patch_checkpoints,
     "flows.sinks.mlflow_process": _patch_mlflow_sink,
     "flows.sinks.publisher": _patch_publisher,
+    "stages.agent.rollout": _patch_agent_rollout,
+    "stages.agent.loop": _patch_agent_loop,
+    "stages.agent.sandbox": _patch_sandbox,
 }
 
 
