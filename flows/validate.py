@@ -32,7 +32,7 @@ from stages.reward.settings import settings_from_config
 from stages.reward.stage import compute_reward
 from stages.stage import StageContext
 
-GENERATION_COLUMNS = ("step", "input", "output", "score", "ground_truth")
+GENERATION_COLUMNS = ("step", "input", "output", "score", "ground_truth")  # + num_turns (multi-turn)
 
 
 @dataclass
@@ -108,15 +108,21 @@ def _generation_rows(batch, reward, tokenizer, step: int, limit: int) -> list[di
     width = batch.batch[K.PROMPTS].shape[1]
     mask = batch.batch[K.ATTENTION_MASK]
     inputs = _decode(tokenizer, batch.batch[K.PROMPTS], mask[:, :width])
-    outputs = _decode(tokenizer, batch.batch[K.RESPONSES], batch.batch[K.RESPONSE_MASK])
+    # the whole response: a multi-turn trajectory's tool turns too (attention covers them)
+    outputs = _decode(tokenizer, batch.batch[K.RESPONSES], mask[:, width:])
     scores = reward.batch[K.SEQ_SCORES].tolist()
     truths = [
         (rm or {}).get("ground_truth") if isinstance(rm, dict) else None
         for rm in batch.non_tensor_batch.get(K.REWARD_MODEL, [None] * len(batch))
     ]
-    rows = sorted(zip(inputs, outputs, scores, truths), key=lambda row: row[0])
+    columns = [inputs, outputs, scores, truths]
+    names = list(GENERATION_COLUMNS)
+    if K.NUM_TURNS in batch.non_tensor_batch:  # a multi-turn rollout: its turn counts too
+        columns.append(batch.non_tensor_batch[K.NUM_TURNS].tolist())
+        names.append("num_turns")
+    rows = sorted(zip(*columns), key=lambda row: row[0])
     np.random.RandomState(42).shuffle(rows)
-    return [dict(zip(GENERATION_COLUMNS, (step, *row))) for row in rows[:limit]]
+    return [dict(zip(names, (step, *row))) for row in rows[:limit]]
 
 
 def validate(config: Any, engines: dict[str, Any], dataset: Any, tokenizer: Any, step: int):

@@ -124,7 +124,7 @@ _ENTRIES = [
     ),
     (
         "response_length/{length_stat}",
-        "Response length from the response part of attention_mask (tool tokens included); clip_ratio = fraction of rows whose length equals the padded width responses.shape[-1].",
+        "Response length in model tokens (response_mask sum: a multi-turn trajectory's tool tokens are not counted; verl counts them); clip_ratio = fraction of rows whose whole response (model and tool tokens, the response part of attention_mask) fills the padded width responses.shape[-1].",
         "all " + _ROWS + ", zero-length (aborted) rows included",
         _DATA,
     ),

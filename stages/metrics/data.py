@@ -7,8 +7,11 @@ Every key, with its denominator (docs/metrics.md):
 - ``critic/advantages/*``, ``critic/returns/*``: over tokens where response_mask is 1.
 - ``critic/values/*``, ``critic/vf_explained_var`` (only with a critic): over response_mask tokens;
   explained variance = 1 − var(R − V) / (var(R) + 1e-5), unbiased (n − 1) variances.
-- ``response_length/{mean,max,min,clip_ratio}``: over all rows, zero-length rows included;
-  clip_ratio = fraction of rows whose length equals the padded width ``responses.shape[-1]``.
+- ``response_length/{mean,max,min,clip_ratio}``: over all rows, zero-length rows included; the
+  length is the row's *model* tokens (``response_mask`` sum: a multi-turn trajectory's tool
+  tokens are not counted, a deliberate difference from verl, which counts them), clip_ratio =
+  fraction of rows whose whole response (model and tool tokens) fills the padded width
+  ``responses.shape[-1]`` (the budget was hit). Single-turn rollouts: the same numbers as verl's.
 - ``response_length_non_aborted/*``: the same over non-aborted rows (length > 0).
 - ``response/aborted_ratio``: fraction of rows with response length 0.
 - ``prompt_length/{mean,max,min,clip_ratio}``: over all rows; clip against ``prompts.shape[-1]``.
@@ -16,8 +19,8 @@ Every key, with its denominator (docs/metrics.md):
   non-tensor keys ``__num_turns__`` / ``tool_call_counts`` are present.
 
 A statistic over an empty set (every row aborted, an all-zero response_mask) is NaN, never an
-error. Lengths come from the prompt / response slices of ``attention_mask`` (so multi-turn tool
-tokens count as response), or from ``prompt_length`` / ``response_length`` tensors when present.
+error. Prompt lengths, whole-response lengths (clip, aborted) come from the prompt / response
+slices of ``attention_mask``, or from ``prompt_length`` / ``response_length`` tensors when present.
 
 Deliberate difference 2 (docs/differences.md): rows marked by the ``is_pad`` key (True on rows duplicated by
 ``pad_dataproto_to_divisor``) are dropped from *every* statistic above, including the row
@@ -160,9 +163,14 @@ def _named(prefix: str, stats: tuple[Tensor, Tensor, Tensor]) -> dict[str, Tenso
     return {f"{prefix}/mean": mean, f"{prefix}/max": highest, f"{prefix}/min": lowest}
 
 
-def _length_family(prefix: str, lengths: Tensor, rows: Tensor, width: int) -> dict[str, Tensor]:
+def _length_family(
+    prefix: str, lengths: Tensor, rows: Tensor, width: int, filled: Tensor | None = None
+) -> dict[str, Tensor]:
+    """mean / max / min of ``lengths`` over ``rows``; clip_ratio = share of ``rows`` whose
+    ``filled`` length (default: ``lengths``) equals ``width``."""
     stats = _family(prefix, lengths, rows)
-    stats[f"{prefix}/clip_ratio"] = masked_stats((lengths == width).float(), rows)[0]
+    filled = lengths if filled is None else filled
+    stats[f"{prefix}/clip_ratio"] = masked_stats((filled == width).float(), rows)[0]
     return stats
 
 
@@ -220,9 +228,12 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
         stats |= _named("critic/values", compact_stats(values))
         stats["critic/vf_explained_var"] = explained_variance(returns.float(), values.float())
     response_width = tensors[keys.RESPONSES].shape[-1]
-    stats |= _length_family("response_length", response_length, kept, response_width)
+    model_length = tensors[keys.RESPONSE_MASK].sum(-1).to(response_length.dtype)  # (B,)
     stats |= _length_family(
-        "response_length_non_aborted", response_length, non_aborted, response_width
+        "response_length", model_length, kept, response_width, response_length
+    )
+    stats |= _length_family(
+        "response_length_non_aborted", model_length, non_aborted, response_width, response_length
     )
     stats["response/aborted_ratio"] = masked_stats((response_length == 0).float(), kept)[0]
     stats |= _length_family("prompt_length", prompt_length, kept, tensors[keys.PROMPTS].shape[-1])

@@ -39,7 +39,7 @@ CASES = [
     ("base-missing", "config file: `base:` names a file that does not exist",
      "base: nope.yaml\n", [], ["base: file not found", "nope.yaml"]),
     ("config-file-missing", "config path that does not exist", MISSING, [],
-     ["config file not found: ", "packaged configs: ['demo-cpu'"]),
+     ["config file not found: ", "packaged configs: [", "'demo-cpu'"]),
     ("unknown-key-in-file", "config file: unknown key (a typo)",
      yaml_file("trainer:\n  totl_epochs: 3\n"), [],
      ["trainer.totl_epochs: unknown key; did you mean 'total_epochs'?"]),

@@ -6,6 +6,8 @@ The toy step of tests/flows/conftest.py plus a stage that reads a user file name
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import json
 import shutil
 from collections import Counter
@@ -221,20 +223,37 @@ def test_function_module_sees_through_partials():
 
 def test_key_parts_name_every_input_of_the_key():
     stage = STAGES["rollout"]
-    config = {
-        "actor_rollout_ref": {
-            "model": {"tokenizer_path": None},
-            "rollout": {key: 1 for key in [p.split(".")[-1] for p in stage.config_keys]},
-        },
-        "trainer": {"seed": 7},
-    }
+    tree: dict = {"trainer": {"seed": 7}}
+    for path in (*stage.config_keys, *stage.file_keys):
+        *parents, leaf = path.split(".")
+        node = tree
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = None if path in stage.file_keys else 1
+    tree["actor_rollout_ref"]["rollout"]["multi_turn"]["enable"] = False  # single-turn: no tools
+    tree["actor_rollout_ref"]["rollout"]["agent"]["default_agent_loop"] = "single_turn_agent"
+    tree["reward"] = {"score_in_rollout": False, "reward_model": {"enable": False}}
+
+    def namespace(node):
+        return (
+            SimpleNamespace(**{k: namespace(v) for k, v in node.items()})
+            if isinstance(node, dict)
+            else node
+        )
+
+    config = namespace(tree)
     fingerprints = {key: "f" * 64 for key in stage.requires}
     parts = stage_key_parts(stage, config, fingerprints, "w" * 64, step=3)
     assert set(parts) == {
         "format", "stage", "version", "code", "config", "files", "inputs", "weights", "seed",
+        "optional",
     }  # fmt: skip
+    assert parts["optional"] == {}  # none of the optional keys is in this input
     assert parts["seed"] == {"seed": 7, "step": 3}
-    assert parts["files"] == {"actor_rollout_ref.model.tokenizer_path": None}
+    assert parts["files"] == {
+        "actor_rollout_ref.model.tokenizer_path": None,
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path": None,
+    }
     later = stage_key_parts(stage, config, fingerprints, "w" * 64, step=4)
     assert miss_reasons(parts, later, lambda _: None) == [
         'sampling seed {"seed": 7, "step": 3} → {"seed": 7, "step": 4}'
