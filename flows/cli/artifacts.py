@@ -18,6 +18,11 @@ class VerifyMode(StrEnum):
     lazy = "lazy"
 
 
+class SampleSort(StrEnum):
+    score = "score"
+    advantage = "advantage"
+
+
 def _fail(message: str, code: int = 1) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
@@ -51,9 +56,32 @@ def inspect(
         VerifyMode,
         typer.Option(help="full: hash every file first; lazy: sizes, headers and small files."),
     ] = VerifyMode.full,
+    samples: Annotated[
+        int | None,
+        typer.Option(
+            "--samples",
+            min=1,
+            help="Run directory, with --step: show N of the step's samples, decoded, each with "
+            "its own score, reward extras, advantage (mean over response_mask), uid and "
+            "data_source, and an agent rollout's turns.",
+        ),
+    ] = None,
+    sort: Annotated[
+        SampleSort | None,
+        typer.Option("--sort", help="With --samples: highest score or advantage first."),
+    ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--where",
+            help="With --samples: only samples whose column KEY (uid, data_source, a reward "
+            "extra, …) has the string value VALUE, e.g. acc=1.0; repeat to require several.",
+        ),
+    ] = None,
 ) -> None:
     """Describe a run directory (steps × stages: ran / cached / skipped, sizes, key metrics) or an
-    artifact (manifest, schema, per-key statistics, token ledger)."""
+    artifact (manifest, schema, per-key statistics, token ledger); with --samples, a step's
+    samples."""
     from flows.runs import report as run_report
     from flows.runs.report import RunReportError
 
@@ -61,6 +89,10 @@ def inspect(
         kind = run_report.path_kind(path)
     except RunReportError as err:
         raise _fail(str(err)) from None
+    if samples is not None or sort is not None or where:
+        check_sample_options(path, kind, step, stage, samples)
+        inspect_samples(path, step, samples, sort, where or [], as_json, verify)
+        return
     if kind == "artifact":
         if step is not None or stage is not None or as_json:
             raise _fail(
@@ -110,6 +142,60 @@ def inspect_run(
             typer.echo(run_report.run_table(store))
     except ValueError as err:  # RunReportError, ArtifactError
         raise _fail(str(err)) from None
+
+
+def check_sample_options(
+    path: str, kind: str, step: int | None, stage: str | None, samples: int | None
+) -> None:
+    """Usage errors (exit status 2) of --samples / --sort / --where, before anything is read."""
+    if kind == "artifact":
+        raise _fail(
+            f"{path} is an artifact directory; --samples, --sort and --where show a step of a "
+            "run directory (inspect the run with --step K --samples N)",
+            code=2,
+        )
+    if samples is None:
+        raise _fail("--sort and --where choose among a step's samples; add --samples N", code=2)
+    if step is None:
+        raise _fail(f"--samples {samples} needs --step K (the step whose samples to show)", code=2)
+    if stage is not None:
+        raise _fail(
+            f"--samples joins a step's stages; drop --stage {stage} (or --samples, to see the "
+            "stage's artifact)",
+            code=2,
+        )
+
+
+def inspect_samples(
+    path: str,
+    step: int,
+    limit: int,
+    sort: SampleSort | None,
+    where: list[str],
+    as_json: bool,
+    verify: VerifyMode,
+) -> None:
+    """Print a step's samples as text or one JSON document (flows/runs/samples.py)."""
+    from flows.runs import samples as step_samples
+    from flows.runs.store import RunStore
+
+    try:
+        conditions = step_samples.parse_where(where)
+    except ValueError as err:
+        raise _fail(str(err), code=2) from None
+    store = RunStore(path)
+    order = None if sort is None else sort.value
+    try:
+        found = step_samples.load_step_samples(store, step, verify=verify.value)
+        shown, matched = step_samples.select_samples(found, conditions, order, limit)
+    except ValueError as err:  # RunReportError, ArtifactError
+        raise _fail(str(err)) from None
+    decoder = step_samples.load_decoder(store)
+    if as_json:
+        document = step_samples.samples_json(found, shown, matched, conditions, order, decoder)
+        typer.echo(json.dumps(document, indent=1, allow_nan=False))
+    else:
+        typer.echo(step_samples.samples_text(found, shown, matched, conditions, order, decoder))
 
 
 def parse_lengths(text: str) -> list[int]:
