@@ -106,13 +106,38 @@ tools:
 """
 
 
-@pytest.fixture(scope="session")
-def write_verl_gsm8k_tool_config():
-    """``f(path) -> path``: writes verl's gsm8k tool config, as verl ships it, at ``path``."""
+def _file_writer(text: str):
+    """``f(path) -> path`` writing ``text`` at ``path`` (parents made)."""
 
     def write(path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(VERL_GSM8K_TOOL_CONFIG, encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def write_verl_gsm8k_tool_config():
+    """``f(path) -> path``: writes verl's gsm8k tool config, as verl ships it, at ``path``."""
+    return _file_writer(VERL_GSM8K_TOOL_CONFIG)
+
+
+#: a tool config with ppoflow's ``lookup`` tool (table a → alpha, b → beta): the agent tests' tool
+LOOKUP_TOOL_CONFIG = """\
+tools:
+  - class_name: stages.agent.tools.lookup.LookupTool
+    config: {type: native, table: {a: alpha, b: beta}}
+    tool_schema:
+      type: function
+      function:
+        name: lookup
+        description: Look a key up.
+        parameters: {type: object, properties: {key: {type: string, description: the key}}, required: [key]}
+"""
+
+
+@pytest.fixture(scope="session")
+def write_lookup_tool_config():
+    """``f(path) -> path``: writes the agent tests' lookup tool config at ``path``."""
+    return _file_writer(LOOKUP_TOOL_CONFIG)

@@ -23,23 +23,6 @@ from stages.rollout import ROLLOUT_STAGE, rollout_fn
 from stages.stage import StageContext
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS_YAML = """
-tools:
-  - class_name: stages.agent.tools.lookup.LookupTool
-    config:
-      type: native
-      table: {a: "alpha", b: "beta"}
-    tool_schema:
-      type: function
-      function:
-        name: lookup
-        description: Look a key up.
-        parameters:
-          type: object
-          properties:
-            key: {type: string, description: the key}
-          required: [key]
-"""
 CALL_TEXT = '<tool_call>{"name": "lookup", "arguments": {"key": "a"}}</tool_call>'
 
 
@@ -54,9 +37,9 @@ class Direct:
 
 
 @pytest.fixture(scope="module")
-def run_setup(tmp_path_factory):
+def run_setup(tmp_path_factory, write_lookup_tool_config):
     root = tmp_path_factory.mktemp("agent")
-    (root / "tools.yaml").write_text(TOOLS_YAML)
+    write_lookup_tool_config(root / "tools.yaml")
     model_dir = make_tiny_model(root / "model")
     config = load_config(
         REPO / "configs" / "demo-cpu.yaml",

@@ -30,25 +30,6 @@ from stages.agent.tools.python_exec import PythonExecTool
 HERE = str(Path(__file__).parent)
 HELPERS = "agent_tools_for_tests"
 
-VERL_GSM8K_YAML = """\
-tools:
-  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
-    config:
-      type: native
-    tool_schema:
-      type: "function"
-      function:
-        name: "calc_gsm8k_reward"
-        description: "A tool for calculating the reward of gsm8k. (1.0 if parsed answer is correct, 0.0 if parsed answer is incorrect or not correctly parsed)"
-        parameters:
-          type: "object"
-          properties:
-            answer:
-              type: "string"
-              description: "The model's answer to the GSM8K math problem, must be a digits"
-          required: ["answer"]
-"""
-
 
 @pytest.fixture(scope="module", autouse=True)
 def helpers_importable():
@@ -82,8 +63,8 @@ def call(class_name: str, parameters: dict, config: dict | None = None, create_k
 # --- the tool config --------------------------------------------------------------------------
 
 
-def test_verl_gsm8k_config_loads_as_written(tmp_path):
-    path = write(tmp_path, VERL_GSM8K_YAML)
+def test_verl_gsm8k_config_loads_as_written(tmp_path, write_verl_gsm8k_tool_config):
+    path = write_verl_gsm8k_tool_config(tmp_path / "gsm8k_tool_config.yaml")
     (spec,) = load_tool_config(path)
     assert spec.name == "calc_gsm8k_reward"
     assert spec.class_name == "verl.tools.gsm8k_tool.Gsm8kTool"

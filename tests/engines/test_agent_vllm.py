@@ -33,24 +33,13 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 CALL_TEXT = '<tool_call>{"name": "lookup", "arguments": {"key": "a"}}</tool_call>'
-TOOLS_YAML = """
-tools:
-  - class_name: stages.agent.tools.lookup.LookupTool
-    config: {type: native, table: {a: alpha}}
-    tool_schema:
-      type: function
-      function:
-        name: lookup
-        description: Look a key up.
-        parameters: {type: object, properties: {key: {type: string, description: the key}}, required: [key]}
-"""
 
 
 @pytest.fixture(scope="module")
-def setup(scaled_tiny_model_dir, tmp_path_factory):
+def setup(scaled_tiny_model_dir, tmp_path_factory, write_lookup_tool_config):
     root = tmp_path_factory.mktemp("agent-vllm")
     os.environ.setdefault("VLLM_RPC_BASE_PATH", str(root / "rpc"))
-    (root / "tools.yaml").write_text(TOOLS_YAML)
+    write_lookup_tool_config(root / "tools.yaml")
     config = load_config(
         REPO / "configs" / "demo-cpu.yaml",
         [

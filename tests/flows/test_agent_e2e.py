@@ -16,22 +16,13 @@ from flows.train import train
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS_YAML = """
-tools:
-  - class_name: stages.agent.tools.lookup.LookupTool
-    config: {type: native, table: {a: alpha}}
-    tool_schema:
-      type: function
-      function:
-        name: lookup
-        description: Look a key up.
-        parameters: {type: object, properties: {key: {type: string, description: the key}}, required: [key]}
-"""
 
 
-def test_two_steps_with_the_tool_agent_loop(tmp_path, make_demo_inputs, tiny_run_overrides):
+def test_two_steps_with_the_tool_agent_loop(
+    tmp_path, make_demo_inputs, tiny_run_overrides, write_lookup_tool_config
+):
     demo = make_demo_inputs(tmp_path / "demo")
-    (tmp_path / "tools.yaml").write_text(TOOLS_YAML)
+    write_lookup_tool_config(tmp_path / "tools.yaml")
     result = train(
         REPO / "configs" / "demo-cpu.yaml",
         tiny_run_overrides(

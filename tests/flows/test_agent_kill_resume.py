@@ -59,19 +59,6 @@ KILL_AT = "agent.round:3"  # one round per step (module docstring): step 3's fir
 RUN_TIMEOUT_S = 600
 POLL_S = 0.05
 ZYGOTE_BOOT = "from stages.reward.zygote import serve"  # in the zygotes' ``-c`` line
-TOOLS_YAML = """
-tools:
-  - class_name: stages.agent.tools.lookup.LookupTool
-    config: {type: native, table: {a: alpha}}
-    tool_schema:
-      type: function
-      function:
-        name: lookup
-        description: Look a key up.
-        parameters: {type: object, properties: {key: {type: string, description: the key}}, required: [key]}
-"""
-
-
 # --- processes -----------------------------------------------------------------------------------
 
 
@@ -139,11 +126,12 @@ class Runs:
     """The baseline, the killed run and its resume: each in ``root/<name>`` (checkpoints, MLflow
     store, run directory, logs), against the session's Prefect server."""
 
-    def __init__(self, root: Path, demo: Path, tiny_run_overrides, prefect_api_url: str) -> None:
+    def __init__(
+        self, root: Path, demo: Path, tiny_run_overrides, prefect_api_url: str, tools: Path
+    ) -> None:
         self.root, self.demo, self.overrides = root, demo, tiny_run_overrides
         self.api_url = prefect_api_url
-        self.tools = root / "tools.yaml"
-        self.tools.write_text(TOOLS_YAML)
+        self.tools = tools
 
     def env(self, home: Path, **extra: str) -> dict[str, str]:
         """The session's hermetic environment (tests/conftest.py) with this run's own MLflow
@@ -225,13 +213,17 @@ def rollout(home: Path, step: int):
 
 
 def test_a_kill_mid_rollout_of_a_multi_turn_step_resumes_to_the_uninterrupted_run(
-    tmp_path, make_demo_inputs, tiny_run_overrides, prefect_harness
+    tmp_path, make_demo_inputs, tiny_run_overrides, prefect_harness, write_lookup_tool_config
 ):
     from prefect.settings import PREFECT_API_URL
 
     started = time.monotonic()
     runs = Runs(
-        tmp_path, make_demo_inputs(tmp_path / "demo"), tiny_run_overrides, PREFECT_API_URL.value()
+        tmp_path,
+        make_demo_inputs(tmp_path / "demo"),
+        tiny_run_overrides,
+        PREFECT_API_URL.value(),
+        write_lookup_tool_config(tmp_path / "tools.yaml"),
     )
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-kill") as pool:
         baseline_run, killed_run = pool.submit(runs.baseline), pool.submit(runs.killed)

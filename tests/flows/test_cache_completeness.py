@@ -6,12 +6,11 @@ The toy step of tests/flows/conftest.py plus a stage that reads a user file name
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import json
 import shutil
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest

@@ -412,18 +412,6 @@ def test_inspect_without_samples_prints_what_it_did(run):
 
 # --- trained runs (slow) -----------------------------------------------------------------------
 
-TOOLS_YAML = """
-tools:
-  - class_name: stages.agent.tools.lookup.LookupTool
-    config: {type: native, table: {a: alpha}}
-    tool_schema:
-      type: function
-      function:
-        name: lookup
-        description: Look a key up.
-        parameters: {type: object, properties: {key: {type: string, description: the key}}, required: [key]}
-"""
-
 
 def _train(root: Path, make_demo_inputs, tiny_run_overrides, *extra: str) -> RunStore:
     """2 tiny steps without validation or checkpoints (tests/conftest.py's tiny run)."""
@@ -441,9 +429,15 @@ def trained(tmp_path_factory, make_demo_inputs, tiny_run_overrides, prefect_harn
 
 
 @pytest.fixture(scope="module")
-def agent_trained(tmp_path_factory, make_demo_inputs, tiny_run_overrides, prefect_harness):
+def agent_trained(
+    tmp_path_factory,
+    make_demo_inputs,
+    tiny_run_overrides,
+    prefect_harness,
+    write_lookup_tool_config,
+):
     root = tmp_path_factory.mktemp("agent")
-    (root / "tools.yaml").write_text(TOOLS_YAML)
+    write_lookup_tool_config(root / "tools.yaml")
     return _train(
         root,
         make_demo_inputs,
