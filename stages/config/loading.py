@@ -41,9 +41,29 @@ CONFIGS_DIR = REPO_ROOT / "configs"
 BASE_KEY = "base"
 
 
+#: the most values a config file may expand to through YAML aliases (``*name``): a 1 KB file of
+#: nested aliases ("billion laughs") would otherwise expand to millions in every walk of the tree
+MAX_EXPANDED_NODES = 100_000
+
+
 class _Loader(yaml.SafeLoader):
-    """Safe YAML that reads ``1e-6`` as a float (YAML 1.1 needs ``1.0e-6``) and rejects
-    duplicate keys instead of silently keeping the last one."""
+    """Safe YAML that reads ``1e-6`` as a float (YAML 1.1 needs ``1.0e-6``), rejects duplicate
+    keys instead of silently keeping the last one, and refuses a document whose aliases expand
+    it past :data:`MAX_EXPANDED_NODES` values."""
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        if node is not None:
+            size = _expanded_size(node, {})
+            if size > MAX_EXPANDED_NODES:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"its aliases (*name) expand it to {size:,} values, more than "
+                    f"{MAX_EXPANDED_NODES:,}; write the values out instead of nesting aliases",
+                    node.start_mark,
+                )
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set[Any] = set()
@@ -55,6 +75,22 @@ class _Loader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """How many nodes ``node`` stands for once every alias is expanded (each shared node
+    counted once per reference; linear in the composed graph)."""
+    known = memo.get(id(node))
+    if known is not None:
+        return known
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(child, memo) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    else:
+        size = 1
+    memo[id(node)] = size
+    return size
 
 
 _Loader.add_implicit_resolver(

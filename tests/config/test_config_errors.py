@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from stages.config import ConfigError, load_config
+from stages.config.loading import parse_yaml
 
 # (overrides, fragments that must all appear in the one error message)
 BAD_OVERRIDES = {
@@ -275,3 +276,18 @@ def test_section_given_a_scalar(tmp_path: Path) -> None:
 def test_config_error_is_a_value_error() -> None:
     with pytest.raises(ValueError, match=r"data\.train_files"):
         load_config(None, ["data.train_files=[]"])
+
+
+def test_nested_yaml_aliases_are_refused_before_they_expand(tmp_path):
+    """A 1 KB "billion laughs" file (aliases of aliases) is one error naming the expansion, not
+    millions of values walked by every later check; a few aliases stay fine."""
+    lines = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for name, previous in zip("bcdefg", "abcdef"):
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{previous}"] * 9) + "]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bomb)
+    (problem,) = info.value.problems
+    assert "expand it to 6,053,451 values, more than 100,000" in problem
+    assert parse_yaml("x: &v [1, 2]\ny: *v\n", "ok.yaml") == {"x": [1, 2], "y": [1, 2]}
