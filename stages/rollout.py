@@ -178,6 +178,7 @@ ROLLOUT_STAGE = Stage(
     file_keys=(
         "actor_rollout_ref.model.tokenizer_path",
         "actor_rollout_ref.rollout.multi_turn.tool_config_path",
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
     ),
     seeded=True,
     reads_weights=True,
@@ -190,6 +191,7 @@ ROLLOUT_STAGE = Stage(
         non_tensor(K.REWARD_ROUTE),
         non_tensor(K.REWARD_MODEL),
         non_tensor(K.UID),
+        non_tensor(K.RAW_PROMPT),
     ),
     extra_outputs=("batch", "non_tensor_batch", "meta_info"),
     code_modules=tool_modules,

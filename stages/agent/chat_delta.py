@@ -262,3 +262,29 @@ class ChatDelta:
             )
         delta = full_ids[len(prefix_ids) :]
         return (self.boundary_ids if turn_ended_with_eos else []) + delta
+
+    def user_turn_ids(self, user_messages: Messages, turn_ended_with_eos: bool) -> list[int]:
+        """The ids to append after an assistant turn for an interaction's user messages:
+        boundary + the user messages + the next assistant header (mask 0), rendered after a
+        synthetic system, user and (empty) assistant message, as verl renders non-tool groups.
+
+        Raises:
+            ValueError: a message that is not ``{"role": "user", "content": str}``, or a template
+                that is not append-only for user messages.
+        """
+        for i, message in enumerate(user_messages):
+            if message.get("role") != "user" or not isinstance(message.get("content"), str):
+                raise ValueError(f"user message {i} must have role 'user' and str content")
+        prefix = [SYNTHETIC_SYSTEM, SYNTHETIC_USER, {"role": "assistant", "content": ""}]
+        prefix_ids = _render_ids(self.tokenizer, prefix, self.tools, generation=False)
+        full_ids = _render_ids(
+            self.tokenizer, [*prefix, *user_messages], self.tools, generation=True
+        )
+        if full_ids[: len(prefix_ids)] != prefix_ids:
+            raise ValueError(
+                f"the chat template of {_template_label(self.tokenizer)} is not append-only for "
+                "user messages after an assistant turn, so an interaction's turn cannot be "
+                "appended as a delta of the template"
+            )
+        delta = full_ids[len(prefix_ids) :]
+        return (self.boundary_ids if turn_ended_with_eos else []) + delta

@@ -48,6 +48,9 @@ STOP_REASONS = (
     "no_tool_call",
     "single_turn",
     "tool_response_too_long",
+    "interaction_done",
+    "interaction_error",
+    "user_turn_too_long",
 )
 TRUNCATED = "(truncated)"
 
@@ -76,6 +79,12 @@ RunToolsFn = Callable[[list[Any]], list[Any]]
 ToolTurnIdsFn = Callable[[list[dict[str, Any]], bool], list[int]]
 #: make_call(name, arguments JSON text, the row's tools_kwargs) -> a sandbox ToolCall
 MakeCallFn = Callable[[str, str, dict[str, Any]], Any]
+#: interact([(interaction name, its kwargs, messages so far)]) -> InteractionReply list
+InteractFn = Callable[[list[tuple[str, dict[str, Any], list[dict[str, Any]]]]], list[Any]]
+#: user_turn_ids(user messages, the turn ended with EOS) -> ids to append (``chat_delta``)
+UserTurnIdsFn = Callable[[list[dict[str, Any]], bool], list[int]]
+#: decode(assistant turn ids) -> its text, special tokens skipped (the interaction's messages)
+DecodeFn = Callable[[list[int]], str]
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,11 @@ class Trajectory:
     malformed_calls: int = 0
     pending_calls: list[dict[str, Any]] = field(default_factory=list)
     last_turn_ended_with_eos: bool = False
+    interaction: str | None = None  # the row's interaction (extra_info.interaction_kwargs.name)
+    interaction_kwargs: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # kept with an interaction
+    turn_scores: list[float] = field(default_factory=list)
+    pending_interaction: bool = False
 
     @property
     def done(self) -> bool:
@@ -196,6 +210,9 @@ def run_agent_loop(
     tool_turn_ids: ToolTurnIdsFn | None = None,
     make_call: MakeCallFn | None = None,
     on_finished: Callable[[list[int]], None] | None = None,
+    interact: InteractFn | None = None,
+    user_turn_ids: UserTurnIdsFn | None = None,
+    decode: DecodeFn | None = None,
 ) -> list[Trajectory]:
     """Run every trajectory to its end (module docstring); returns them, filled in.
 
@@ -212,11 +229,16 @@ def run_agent_loop(
         make_call,
     ):
         raise ValueError("a tool-using agent loop needs parse, run_tools, tool_turn_ids, make_call")
+    if any(trajectories[i].interaction for i in live) and None in (interact, user_turn_ids, decode):
+        raise ValueError("an agent loop with interactions needs interact, user_turn_ids, decode")
     while live:
-        _generation_round([trajectories[i] for i in live], limits, generate, parse)
+        _generation_round([trajectories[i] for i in live], limits, generate, parse, decode)
         calling = [trajectories[i] for i in live if trajectories[i].pending_calls]
         if calling:
             _tool_round(calling, limits, run_tools, tool_turn_ids, make_call)
+        asked = [trajectories[i] for i in live if trajectories[i].pending_interaction]
+        if asked:
+            _interaction_round(asked, limits, interact, user_turn_ids)
         finished = [i for i in live if trajectories[i].done]
         live = [i for i in live if not trajectories[i].done]
         if finished and on_finished is not None:
@@ -225,7 +247,11 @@ def run_agent_loop(
 
 
 def _generation_round(
-    live: list[Trajectory], limits: LoopLimits, generate: GenerateFn, parse: ParseFn | None
+    live: list[Trajectory],
+    limits: LoopLimits,
+    generate: GenerateFn,
+    parse: ParseFn | None,
+    decode: DecodeFn | None = None,
 ) -> None:
     budgets = [limits.response_length - len(t.response_ids) for t in live]
     started = time.perf_counter()
@@ -243,6 +269,8 @@ def _generation_round(
         trajectory.last_turn_ended_with_eos = out.ended_with_eos and len(out.ids) <= budget
         record = TurnRecord("assistant", start, len(trajectory.response_ids), seconds)
         trajectory.turns.append(record)
+        if trajectory.interaction:
+            trajectory.messages.append({"role": "assistant", "content": decode(ids)})
         trajectory.stop_reason = _stop_reason(trajectory, limits)
         if trajectory.done:
             continue
@@ -256,7 +284,9 @@ def _generation_round(
         kept = calls[: limits.max_parallel_calls]
         record.calls = kept + [{**c, "dropped": True} for c in calls[len(kept) :]]
         trajectory.dropped_calls += len(calls) - len(kept)
-        if not kept:
+        if not kept and trajectory.interaction:
+            trajectory.pending_interaction = True  # the interaction answers this turn
+        elif not kept:
             trajectory.stop_reason = "no_tool_call"
         trajectory.pending_calls = kept
 
@@ -308,6 +338,8 @@ def _tool_round(
             )
             messages.append({"role": "tool", "content": text})
         trajectory.pending_calls = []
+        if trajectory.interaction:
+            trajectory.messages.extend(messages)
         ids = tool_turn_ids(messages, trajectory.last_turn_ended_with_eos)
         if len(trajectory.response_mask) + len(ids) >= limits.response_length:
             record.end = record.start  # nothing appended: the results did not fit
@@ -320,3 +352,50 @@ def _tool_round(
         trajectory.user_turns += 1
         record.end = len(trajectory.response_ids)
         trajectory.turns.append(record)
+
+
+def _interaction_round(
+    asked: list[Trajectory],
+    limits: LoopLimits,
+    interact: InteractFn,
+    user_turn_ids: UserTurnIdsFn,
+) -> None:
+    """Each asked trajectory's interaction answers its last assistant turn (one batch): the
+    answer is appended as a user turn (mask 0) when it fits, its score kept; the trajectory ends
+    when the interaction says so, or its answer failed or did not fit."""
+    started = time.perf_counter()
+    replies = interact([(t.interaction, t.interaction_kwargs, list(t.messages)) for t in asked])
+    seconds = time.perf_counter() - started
+    for trajectory, reply in zip(asked, replies, strict=True):
+        trajectory.pending_interaction = False
+        record = TurnRecord("user", len(trajectory.response_ids), 0, seconds)
+        record.results.append(
+            {
+                "name": trajectory.interaction,
+                "status": reply.status,
+                "reward": reply.score,
+                "seconds": round(seconds, 6),
+                "text": reply.text,
+                "terminate": reply.terminate,
+            }
+        )
+        record.end = record.start
+        trajectory.turns.append(record)
+        if reply.status != "ok":
+            trajectory.stop_reason = "interaction_error"
+            continue
+        if reply.score is not None:
+            trajectory.turn_scores.append(float(reply.score))
+        message = {"role": "user", "content": reply.text}
+        trajectory.messages.append(message)
+        ids = user_turn_ids([message], trajectory.last_turn_ended_with_eos)
+        if len(trajectory.response_mask) + len(ids) >= limits.response_length:
+            trajectory.stop_reason = "user_turn_too_long"
+            continue
+        trajectory.response_ids += ids
+        trajectory.response_mask += [0] * len(ids)
+        trajectory.log_probs += [0.0] * len(ids)
+        trajectory.user_turns += 1
+        record.end = len(trajectory.response_ids)
+        if reply.terminate:
+            trajectory.stop_reason = "interaction_done"

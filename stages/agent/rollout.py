@@ -61,11 +61,13 @@ def uses_agent_loop(batch: DataProto, config: Any) -> bool:
 
 
 def may_use_tools(config: Any) -> bool:
-    """Whether the run may need the tool sandbox: a tool config is given or the default loop
-    uses tools (rows naming ``tool_agent`` in a run without either get unknown-tool turns)."""
-    rollout = config.actor_rollout_ref.rollout
+    """Whether the run may need the tool sandbox: a tool or interaction config is given, or the
+    default loop uses tools (rows naming ``tool_agent`` in a run without either get unknown-tool
+    turns)."""
+    multi_turn = config.actor_rollout_ref.rollout.multi_turn
     return (
-        bool(rollout.multi_turn.tool_config_path)
+        bool(multi_turn.tool_config_path)
+        or bool(multi_turn.interaction_config_path)
         or AGENT_LOOPS.get(default_agent(config)).uses_tools
     )
 
@@ -80,14 +82,27 @@ def tool_specs(config: Any) -> tuple[Any, ...]:
     return load_tool_config(path)
 
 
+def interaction_specs(config: Any) -> tuple[Any, ...]:
+    """The interactions of ``multi_turn.interaction_config_path``, as sandbox specs (none when
+    unset; ``stages.agent.interactions``)."""
+    path = config.actor_rollout_ref.rollout.multi_turn.interaction_config_path
+    if not path:
+        return ()
+    from stages.agent.interactions import load_interaction_config
+
+    return load_interaction_config(path)
+
+
 def tool_modules(config: Any) -> tuple[str, ...]:
-    """The modules of the tool classes of ``multi_turn.tool_config_path`` (verl names mapped to
+    """The modules of the tool and interaction classes of the config (verl names mapped to
     ppoflow's): the rollout's code beyond its imports, part of its cache key."""
+    from stages.agent.interactions import VERL_INTERACTION_CLASSES
     from stages.agent.tool_config import VERL_TOOL_CLASSES
 
-    targets = (
-        VERL_TOOL_CLASSES.get(spec.class_name, spec.class_name) for spec in tool_specs(config)
-    )
+    targets = [VERL_TOOL_CLASSES.get(s.class_name, s.class_name) for s in tool_specs(config)]
+    for spec in interaction_specs(config):
+        inner = spec.config["class_name"]
+        targets += [spec.class_name, VERL_INTERACTION_CLASSES.get(inner, inner)]
     return tuple(sorted({target.rpartition(".")[0] for target in targets}))
 
 
@@ -113,8 +128,9 @@ class AgentRuntime:
         eos = tokenizer.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else eos)
         box = multi_turn.sandbox
+        self.interactions = {spec.name: spec for spec in interaction_specs(config)}
         self.sandbox = ToolSandbox(
-            self.specs,
+            (*self.specs, *self.interactions.values()),
             num_workers=box.num_workers,
             timeout_s=box.timeout_s,
             memory_mb=box.memory_mb,
@@ -132,6 +148,33 @@ class AgentRuntime:
 
         kwargs = tools_kwargs.get(name) or {}
         return ToolCall(name, arguments, dict(kwargs.get("create_kwargs") or {}))
+
+    def decode(self, ids: list[int]) -> str:
+        """An assistant turn's text for an interaction's messages (special tokens skipped)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def interact(
+        self, requests: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]
+    ) -> list[Any]:
+        """Each (interaction name, kwargs, messages) answered in the sandbox (one call each)."""
+        import json
+
+        from stages.agent.interactions import PREFIX, InteractionReply
+        from stages.agent.sandbox import ToolCall
+
+        calls = [
+            ToolCall(PREFIX + name, json.dumps({"messages": messages}), dict(kwargs))
+            for name, kwargs, messages in requests
+        ]
+        return [
+            InteractionReply(
+                result.text,
+                result.reward,
+                bool((result.metrics or {}).get("terminate", False)),
+                result.status,
+            )
+            for result in self.sandbox.run(calls)
+        ]
 
     def close(self) -> None:
         self.sandbox.close()
@@ -231,6 +274,43 @@ def _tools_kwargs(batch: DataProto) -> list[dict[str, Any]]:
     return [dict((info or {}).get("tools_kwargs") or {}) for info in infos]
 
 
+def _attach_interactions(trajectories: list[Trajectory], batch: DataProto, runtime: Any) -> None:
+    """Give each row whose ``extra_info.interaction_kwargs`` names an interaction of the config
+    that interaction, its kwargs and its prompt messages (``raw_prompt``).
+
+    Raises:
+        ValueError: a row names an interaction the config lacks, or the batch has no
+            ``raw_prompt`` (``data.return_raw_chat``) to start the conversation from.
+    """
+    from stages.agent.interactions import PREFIX
+
+    infos = batch.non_tensor_batch.get(K.EXTRA_INFO)
+    if not runtime.interactions or infos is None:
+        return
+    prompts = batch.non_tensor_batch.get(K.RAW_PROMPT)
+    for row, info in enumerate(infos):
+        kwargs = dict((info or {}).get("interaction_kwargs") or {})
+        if not kwargs:
+            continue
+        name = kwargs.get("name")
+        if PREFIX + str(name) not in runtime.interactions:
+            known = sorted(n.removeprefix(PREFIX) for n in runtime.interactions)
+            raise ValueError(
+                f"row {row}: extra_info.interaction_kwargs.name = {name!r} is not an "
+                "interaction of actor_rollout_ref.rollout.multi_turn.interaction_config_path "
+                f"({known})"
+            )
+        if prompts is None:
+            raise ValueError(
+                "interactions read the conversation's messages: set data.return_raw_chat=true "
+                "so the batch carries raw_prompt"
+            )
+        trajectory = trajectories[row]
+        trajectory.interaction = str(name)
+        trajectory.interaction_kwargs = kwargs
+        trajectory.messages = [dict(m) for m in prompts[row]]
+
+
 def agent_rollout(
     batch: DataProto, prompts: DataProto, ctx: StageContext, validate: bool = False
 ) -> DataProto:
@@ -256,6 +336,7 @@ def agent_rollout(
         )
         for row, kwargs in enumerate(_tools_kwargs(batch))
     ]
+    _attach_interactions(trajectories, batch, runtime)
     limits = loop_limits(ctx.config)
     scorer = None
     if not validate and scores_in_rollout(ctx.config):
@@ -277,6 +358,9 @@ def agent_rollout(
         on_finished=None
         if scorer is None
         else lambda rows: scorer.submit(rows, [trajectories[i] for i in rows]),
+        interact=runtime.interact,
+        user_turn_ids=runtime.chat_delta.user_turn_ids,
+        decode=runtime.decode,
     )
     ctx.metrics.update(agent_metrics(trajectories))
     out = trajectories_to_batch(

@@ -82,7 +82,9 @@ class RolloutScorer:
         pad_id: int,
     ) -> None:
         self.reward_loop = reward_loop
-        self.columns = {k: batch.non_tensor_batch[k] for k in SCORER_COLUMNS if k in batch.non_tensor_batch}
+        self.columns = {
+            k: batch.non_tensor_batch[k] for k in SCORER_COLUMNS if k in batch.non_tensor_batch
+        }
         self.prompts = prompts
         self.response_length = response_length
         self.pad_id = pad_id
@@ -135,7 +137,9 @@ class RolloutScorer:
         return self.reward_loop.summarize(calls, outcomes, uids), waited
 
 
-def scored_delta(result: Any, attention_mask: torch.Tensor, response_length: int) -> tuple[DataProto, dict[str, float]]:
+def scored_delta(
+    result: Any, attention_mask: torch.Tensor, response_length: int
+) -> tuple[DataProto, dict[str, float]]:
     """The rollout's reward keys (module docstring) from the batch's ``LoopResult``, and the
     reward metrics the reward stage would log (``reward/score_mean``, counts)."""
     from stages.reward.placement import assemble_rm_scores
@@ -162,7 +166,9 @@ def score_whole_rollout(batch: DataProto, rollout: DataProto, ctx: Any) -> DataP
     started = time.perf_counter()
     part = DataProto(
         batch=rollout.batch,
-        non_tensor_batch={k: batch.non_tensor_batch[k] for k in SCORER_COLUMNS if k in batch.non_tensor_batch},
+        non_tensor_batch={
+            k: batch.non_tensor_batch[k] for k in SCORER_COLUMNS if k in batch.non_tensor_batch
+        },
         meta_info={},
     )
     result = loop.score(part)

@@ -20,6 +20,7 @@ Non-tensor columns (B,):
     tool_rewards       list[float]: each call's reward (verl's extra field; not added to the reward)
     agent_turns        list[dict]: the turns (role, span in ``responses``, calls, results, time)
     agent_stop_reason  str: why the trajectory ended (``stages.agent.loop.STOP_REASONS``)
+    turn_scores        list[float]: the interaction's score of each of its turns (verl's field)
 """
 
 from __future__ import annotations
@@ -36,10 +37,18 @@ from dataproto import keys as K
 from stages.agent.loop import Trajectory
 
 TOOL_REWARDS = "tool_rewards"
+TURN_SCORES = "turn_scores"
 AGENT_TURNS = "agent_turns"
 AGENT_STOP_REASON = "agent_stop_reason"
 #: the non-tensor columns an agent rollout adds (module docstring)
-AGENT_COLUMNS = (K.NUM_TURNS, K.TOOL_CALL_COUNTS, TOOL_REWARDS, AGENT_TURNS, AGENT_STOP_REASON)
+AGENT_COLUMNS = (
+    K.NUM_TURNS,
+    K.TOOL_CALL_COUNTS,
+    TOOL_REWARDS,
+    AGENT_TURNS,
+    AGENT_STOP_REASON,
+    TURN_SCORES,
+)
 
 
 def _padded(rows: Sequence[Sequence], width: int, fill, dtype: torch.dtype) -> Tensor:
@@ -98,4 +107,5 @@ def agent_columns(trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
         TOOL_REWARDS: objects([list(t.tool_rewards) for t in trajectories]),
         AGENT_TURNS: objects([[turn.to_plain() for turn in t.turns] for t in trajectories]),
         AGENT_STOP_REASON: objects([t.stop_reason for t in trajectories]),
+        TURN_SCORES: objects([list(t.turn_scores) for t in trajectories]),
     }

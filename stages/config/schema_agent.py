@@ -93,6 +93,10 @@ class MultiTurnConfig(ConfigModel):
     tool_config_path: str | None = Field(
         None, description="verl tool-config YAML (a top-level tools: list) (path)"
     )
+    interaction_config_path: str | None = Field(
+        None,
+        description="verl's interaction config (a top-level interaction: list); rows name one in extra_info.interaction_kwargs (path)",
+    )
     max_parallel_calls: int = Field(
         1,
         ge=1,

@@ -42,7 +42,7 @@ PLACEHOLDERS = {
     "policy": "training|rollout",
     # agent loop (stop reasons: stages.agent.loop.STOP_REASONS)
     "stop_reason": "length|max_assistant_turns|max_user_turns|no_tool_call|single_turn|"
-    "tool_response_too_long",
+    "tool_response_too_long|interaction_done|interaction_error|user_turn_too_long",
     "tool": "[^/]+",
 }
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
@@ -577,7 +577,7 @@ _ENTRIES = [
     ),
     (
         "agent/stop/{stop_reason}",
-        "Fraction of trajectories that ended for that reason (length: the response budget is full; no_tool_call: a turn made no call; tool_response_too_long: a tool turn did not fit and was not appended; single_turn: the row's loop has no tools; max_*: a turn limit).",
+        "Fraction of trajectories that ended for that reason (length: the response budget is full; no_tool_call: a turn made no call; tool_response_too_long / user_turn_too_long: a tool or interaction turn did not fit and was not appended; single_turn: the row's loop has no tools; max_*: a turn limit; interaction_done: the interaction ended it; interaction_error: its interaction failed).",
         "trajectories (rows) of the rollout",
         _AGENT,
     ),

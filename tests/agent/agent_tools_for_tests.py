@@ -164,3 +164,19 @@ class BadReward(BaseTool):
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any):
         return "nan reward", float("nan"), {}
+
+
+class HangingInteraction:
+    """An interaction whose answer never comes (the sandbox's timeout must end it)."""
+
+    def __init__(self, config):
+        self.config = config
+
+    async def start_interaction(self, instance_id=None, **kwargs):
+        return "hanging"
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        time.sleep(3600)
+
+    async def finalize_interaction(self, instance_id, **kwargs):
+        return None

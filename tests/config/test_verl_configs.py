@@ -374,7 +374,7 @@ def test_features_ppoflow_lacks_are_named_all_in_one_round(tmp_path):
     overrides = [
         *script_overrides(GRPO_SCRIPT, tmp_path),
         "actor_rollout_ref.model.lora_rank=64",
-        "actor_rollout_ref.rollout.multi_turn.interaction_config_path=x.yaml",
+        "actor_rollout_ref.rollout.multi_turn.function_tool_path=x.py",
         "algorithm.filter_groups.enable=True",
         "reward.reward_manager.name=dapo",
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
@@ -388,7 +388,7 @@ def test_features_ppoflow_lacks_are_named_all_in_one_round(tmp_path):
     assert sorted(p.split(" = ")[0] for p in unsupported) == [
         "actor_rollout_ref.model.lora_rank",
         "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space",
-        "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+        "actor_rollout_ref.rollout.multi_turn.function_tool_path",
         "algorithm.filter_groups.enable",
         "reward.reward_manager.name",
     ]
