@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+
+class DemoTask(StrEnum):
+    """The demo tasks ``make-demo-data`` writes."""
+
+    copy = "copy"
+    agent = "agent"
 
 
 def make_tiny_model_cmd(
@@ -43,10 +51,21 @@ def make_demo_data_cmd(
             min=1,
         ),
     ] = None,
+    task: Annotated[
+        DemoTask,
+        typer.Option(
+            help="copy: single-turn ppoflow/demo-copy; agent: multi-turn ppoflow/demo-lookup "
+            "(a tool call per prompt; also writes tools.yaml, for configs/demo-agent-cpu.yaml).",
+        ),
+    ] = DemoTask.copy,
 ) -> None:
-    """Write the demo task (ppoflow/demo-copy) as train.parquet / val.parquet in verl's layout."""
+    """Write a demo task as train.parquet / val.parquet in verl's layout (--task agent: and the
+    tool config tools.yaml)."""
     from stages.data.demo_task import make_demo_data
 
+    if task is DemoTask.agent:
+        _make_agent_demo_data(directory, n_train, n_val, seed, answer_length, max_answer_length)
+        return
     if max_answer_length is not None and max_answer_length < answer_length:
         raise typer.BadParameter(
             f"{max_answer_length} is shorter than --answer-length {answer_length}; give a "
@@ -63,6 +82,28 @@ def make_demo_data_cmd(
     )
     typer.echo(
         f"wrote {n_train} training prompts to {train} and {n_val} validation prompts to {val}"
+    )
+
+
+def _make_agent_demo_data(
+    directory: Path,
+    n_train: int,
+    n_val: int,
+    seed: int,
+    answer_length: int,
+    max_answer_length: int | None,
+) -> None:
+    from stages.data.demo_agent_task import make_agent_demo_data
+
+    if answer_length != 1 or max_answer_length is not None:
+        raise typer.BadParameter(
+            "the agent task's answers are one letter; drop --answer-length / --max-answer-length",
+            param_hint="'--task agent'",
+        )
+    train, val, tools = make_agent_demo_data(directory, n_train=n_train, n_val=n_val, seed=seed)
+    typer.echo(
+        f"wrote {n_train} training prompts to {train}, {n_val} validation prompts to {val} "
+        f"and the tool config to {tools}"
     )
 
 

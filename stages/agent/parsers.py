@@ -137,3 +137,5 @@ TOOL_PARSERS.add(
         description='<tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen2.5/Qwen3, Hermes)',
     ),
 )
+
+import stages.agent.parsers_compact  # noqa: E402,F401  registers lookup_query (the agent demo)

@@ -24,7 +24,7 @@ def test_registry_has_hermes_as_the_default_and_lists_names_on_a_typo():
     assert DEFAULT_FORMAT == "hermes"
     assert TOOL_PARSERS.get("hermes").parse is parse_hermes
     assert TOOL_PARSERS.get("hermes").description
-    with pytest.raises(KeyError, match=r"known: \['hermes'\]"):
+    with pytest.raises(KeyError, match=r"known: \['hermes', 'lookup_word'\]"):
         TOOL_PARSERS.get("hermess")
 
 
