@@ -27,14 +27,13 @@ classes (:data:`VERL_INTERACTION_CLASSES`).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stages.agent.tool_api import BaseTool, ToolResponse
-from stages.agent.tool_config import ToolSpec
+from stages.agent.tool_config import ToolSpec, resolve_tool_class
 
 #: verl's interaction classes that ppoflow implements itself
 VERL_INTERACTION_CLASSES = {
@@ -107,17 +106,6 @@ async def _settle(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-def _interaction_class(class_name: str) -> type:
-    target = VERL_INTERACTION_CLASSES.get(class_name, class_name)
-    module_name, _, attribute = target.rpartition(".")
-    if class_name.startswith("verl.") and class_name not in VERL_INTERACTION_CLASSES:
-        raise ValueError(
-            f"interaction class {class_name!r} is a verl class ppoflow does not provide; it "
-            f"provides {sorted(VERL_INTERACTION_CLASSES)}, or write your own with the same methods"
-        )
-    return getattr(importlib.import_module(module_name), attribute)
-
-
 class InteractionAsTool(BaseTool):
     """One interaction turn as a tool call, for the sandbox (module docstring).
 
@@ -128,9 +116,10 @@ class InteractionAsTool(BaseTool):
 
     def __init__(self, config: dict[str, Any], tool_schema: Any) -> None:
         super().__init__(config, tool_schema)
-        self.interaction = _interaction_class(config["class_name"])(
-            dict(config.get("config") or {})
+        interaction = resolve_tool_class(
+            config["class_name"], VERL_INTERACTION_CLASSES, "interaction"
         )
+        self.interaction = interaction(dict(config.get("config") or {}))
         self.kwargs: dict[str, Any] = {}
 
     async def create(

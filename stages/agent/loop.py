@@ -341,17 +341,26 @@ def _tool_round(
         if trajectory.interaction:
             trajectory.messages.extend(messages)
         ids = tool_turn_ids(messages, trajectory.last_turn_ended_with_eos)
-        if len(trajectory.response_mask) + len(ids) >= limits.response_length:
-            record.end = record.start  # nothing appended: the results did not fit
-            trajectory.turns.append(record)
-            trajectory.stop_reason = "tool_response_too_long"
-            continue
-        trajectory.response_ids += ids
-        trajectory.response_mask += [0] * len(ids)
-        trajectory.log_probs += [0.0] * len(ids)
-        trajectory.user_turns += 1
-        record.end = len(trajectory.response_ids)
         trajectory.turns.append(record)
+        if not _append_context_turn(trajectory, ids, record, limits):
+            trajectory.stop_reason = "tool_response_too_long"
+
+
+def _append_context_turn(
+    trajectory: Trajectory, ids: list[int], record: TurnRecord, limits: LoopLimits
+) -> bool:
+    """Append a tool or user turn's ``ids`` (mask 0, log-prob 0) and count it, unless they would
+    make the response reach ``response_length`` (verl's rule): then nothing is appended and the
+    answer is False. ``record.end`` marks what was appended."""
+    record.end = record.start
+    if len(trajectory.response_mask) + len(ids) >= limits.response_length:
+        return False
+    trajectory.response_ids += ids
+    trajectory.response_mask += [0] * len(ids)
+    trajectory.log_probs += [0.0] * len(ids)
+    trajectory.user_turns += 1
+    record.end = len(trajectory.response_ids)
+    return True
 
 
 def _interaction_round(
@@ -368,7 +377,8 @@ def _interaction_round(
     seconds = time.perf_counter() - started
     for trajectory, reply in zip(asked, replies, strict=True):
         trajectory.pending_interaction = False
-        record = TurnRecord("user", len(trajectory.response_ids), 0, seconds)
+        start = len(trajectory.response_ids)
+        record = TurnRecord("user", start, start, seconds)
         record.results.append(
             {
                 "name": trajectory.interaction,
@@ -379,7 +389,6 @@ def _interaction_round(
                 "terminate": reply.terminate,
             }
         )
-        record.end = record.start
         trajectory.turns.append(record)
         if reply.status != "ok":
             trajectory.stop_reason = "interaction_error"
@@ -389,13 +398,7 @@ def _interaction_round(
         message = {"role": "user", "content": reply.text}
         trajectory.messages.append(message)
         ids = user_turn_ids([message], trajectory.last_turn_ended_with_eos)
-        if len(trajectory.response_mask) + len(ids) >= limits.response_length:
+        if not _append_context_turn(trajectory, ids, record, limits):
             trajectory.stop_reason = "user_turn_too_long"
-            continue
-        trajectory.response_ids += ids
-        trajectory.response_mask += [0] * len(ids)
-        trajectory.log_probs += [0.0] * len(ids)
-        trajectory.user_turns += 1
-        record.end = len(trajectory.response_ids)
-        if reply.terminate:
+        elif reply.terminate:
             trajectory.stop_reason = "interaction_done"

@@ -178,19 +178,22 @@ def tool_schemas(specs: Iterable[ToolSpec]) -> list[dict[str, Any]]:
     return [spec.schema for spec in specs]
 
 
-def resolve_tool_class(class_name: str) -> type:
-    """The class ``class_name`` names, importing its module (a verl name maps to ppoflow's).
+def resolve_tool_class(
+    class_name: str, provided: Mapping[str, str] = VERL_TOOL_CLASSES, kind: str = "tool"
+) -> type:
+    """The class ``class_name`` names, importing its module (a verl name in ``provided`` maps
+    to ppoflow's; ``kind`` names what it is in messages: ``tool``, ``interaction``).
 
     Raises:
         ValueError: one line: a verl class ppoflow does not provide, a module that cannot be
             imported (with its error), or a module without that class.
     """
-    target = VERL_TOOL_CLASSES.get(class_name, class_name)
+    target = provided.get(class_name, class_name)
     module_name, _, attribute = target.rpartition(".")
-    if class_name.startswith("verl.") and class_name not in VERL_TOOL_CLASSES:
+    if class_name.startswith("verl.") and class_name not in provided:
         raise ValueError(
-            f"class_name {class_name!r} is a verl tool ppoflow does not provide (verl is not "
-            f"installed); ppoflow provides {sorted(VERL_TOOL_CLASSES)}, or write your own class "
+            f"class_name {class_name!r} is a verl {kind} ppoflow does not provide (verl is not "
+            f"installed); ppoflow provides {sorted(provided)}, or write your own class "
             "with the same methods"
         )
     try:
