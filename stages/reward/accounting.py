@@ -117,20 +117,44 @@ def summarize(
     data_sources: Sequence[Any],
     error_score: float,
 ) -> LoopResult:
-    """Check extras, substitute ``error_score`` for failures, count and log each failure once."""
+    """Check extras, substitute ``error_score`` for failures, count them, and log each distinct
+    failure once: one line per (status, message), naming the first samples' uids and how many
+    more failed alike (a scorer that fails the same way on 200 samples is one line, not 200)."""
     outcomes = check_extras(outcomes)
     scores = np.full(len(outcomes), error_score, dtype=np.float32)
     counts = {ERROR: 0, TIMEOUT: 0, INVALID: 0}
+    failures: dict[tuple[str, str], list[int]] = {}
     for i, outcome in enumerate(outcomes):
         if outcome.status == OK:
             scores[i] = outcome.score
             continue
         counts[outcome.status] += 1
+        failures.setdefault((outcome.status, outcome.message), []).append(i)
+    for (status, message), rows in failures.items():
         logger.warning(
-            "reward %s for uid=%s data_source=%s: %s; score set to %s",
-            outcome.status, uids[i], data_sources[i], outcome.message, error_score,
+            "reward %s for %s: %s; score set to %s",
+            status, _samples(rows, uids, data_sources), message, error_score,
         )  # fmt: skip
     return LoopResult(scores, collect_extras(outcomes), outcomes, counts)
+
+
+def _samples(
+    rows: list[int], uids: Sequence[Any], data_sources: Sequence[Any], shown: int = 3
+) -> str:
+    """``uid=a data_source=x`` for one sample; ``3 samples (uid=a, uid=b, uid=c; data_source=x)``
+    and ``… and N more`` for several.
+
+    >>> _samples([0], ["a"], ["x"])
+    'uid=a data_source=x'
+    >>> _samples([0, 1, 2, 3, 4], list("abcde"), ["x"] * 5)
+    '5 samples (uid=a, uid=b, uid=c and 2 more; data_source=x)'
+    """
+    if len(rows) == 1:
+        return f"uid={uids[rows[0]]} data_source={data_sources[rows[0]]}"
+    named = ", ".join(f"uid={uids[i]}" for i in rows[:shown])
+    more = f" and {len(rows) - shown} more" if len(rows) > shown else ""
+    sources = ", ".join(sorted({str(data_sources[i]) for i in rows}))
+    return f"{len(rows)} samples ({named}{more}; data_source={sources})"
 
 
 def check_failure_share(

@@ -350,3 +350,14 @@ class _Chars:
 
     def batch_decode(self, rows, skip_special_tokens=True):
         return ["".join(chr(65 + t % 26) for t in row) for row in rows]
+
+
+def test_samples_that_fail_alike_are_one_line(returns_loop, caplog):
+    """A scorer failing the same way on many samples logs one line with the count, not one line
+    per sample (the uids of the first three are named)."""
+    solutions = ["none"] * 5 + ["2"]
+    with caplog.at_level(logging.WARNING, logger="stages.reward.loop"):
+        result = returns_loop.score_calls(calls_for(solutions), uids_for(len(solutions)))
+    assert result.counts["invalid"] == 5
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reward ")]
+    assert line.startswith("reward invalid for 5 samples (uid=u0, uid=u1, uid=u2 and 2 more;")
