@@ -177,6 +177,7 @@ def inspect_samples(
 ) -> None:
     """Print a step's samples as text or one JSON document (flows/runs/samples.py)."""
     from flows.runs import samples as step_samples
+    from flows.runs import samples_render
     from flows.runs.store import RunStore
 
     try:
@@ -192,10 +193,10 @@ def inspect_samples(
         raise _fail(str(err)) from None
     decoder = step_samples.load_decoder(store)
     if as_json:
-        document = step_samples.samples_json(found, shown, matched, conditions, order, decoder)
+        document = samples_render.samples_json(found, shown, matched, conditions, order, decoder)
         typer.echo(json.dumps(document, indent=1, allow_nan=False))
     else:
-        typer.echo(step_samples.samples_text(found, shown, matched, conditions, order, decoder))
+        typer.echo(samples_render.samples_text(found, shown, matched, conditions, order, decoder))
 
 
 def parse_lengths(text: str) -> list[int]:
