@@ -57,7 +57,9 @@ class BaseInteraction:
     async def generate_response(
         self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
     ) -> tuple[bool, str, float, dict[str, Any]]:
-        raise NotImplementedError(f"{type(self).__name__}.generate_response")
+        """(should_terminate, content, score, extra); subclasses implement it, this base
+        answers as verl's does (go on, "Your current result seems acceptable.", 0.8)."""
+        return False, "Your current result seems acceptable.", 0.8, {}
 
     async def calculate_score(self, instance_id: str, **kwargs: Any) -> float:
         return 0.0

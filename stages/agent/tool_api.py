@@ -141,8 +141,10 @@ class BaseTool:
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
     ) -> ExecuteResult:
         """Run the call with the model's ``parameters``; returns ``(response, reward, metrics)``:
-        ``reward`` the step reward (None: none), ``metrics`` a dict of plain data (or None)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement execute()")
+        ``reward`` the step reward (None: none), ``metrics`` a dict of plain data (or None).
+        Subclasses implement it; this base answers as verl's does ("Updated the tool state.",
+        0.0, {}), so a verl tool that relies on it behaves the same."""
+        return ToolResponse(text="Updated the tool state."), 0.0, {}
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         """The instance's reward; 0.0 here (the agent loop never calls it)."""
