@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from tensordict import TensorDict
 
 from dataproto import DataProto
@@ -193,14 +192,13 @@ def close_agent_engines(engines: dict[str, Any]) -> None:
 
 
 def _left_padded(contexts: Sequence[list[int]], pad_id: int) -> DataProto:
-    """(n, L) left-padded ``input_ids`` / ``attention_mask`` / ``position_ids`` of ``contexts``."""
-    width = max(len(c) for c in contexts)
-    input_ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(contexts), width), dtype=torch.long)
-    for row, ids in enumerate(contexts):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, width - len(ids) :] = 1
-    position_ids = torch.clamp(attention_mask.cumsum(-1) - 1, min=0)
+    """(n, L) left-padded ``input_ids`` / ``attention_mask`` / ``position_ids`` of ``contexts``
+    (L = the longest), laid out as the data loader lays out prompts."""
+    from stages.data.tokenize import left_pad
+
+    input_ids, attention_mask, position_ids = left_pad(
+        contexts, pad_id, max(len(c) for c in contexts)
+    )
     tensors = {
         K.INPUT_IDS: input_ids,
         K.ATTENTION_MASK: attention_mask,
