@@ -142,14 +142,12 @@ def scored_delta(
 ) -> tuple[DataProto, dict[str, float]]:
     """The rollout's reward keys (module docstring) from the batch's ``LoopResult``, and the
     reward metrics the reward stage would log (``reward/score_mean``, counts)."""
-    from stages.reward.placement import assemble_rm_scores
+    from stages.reward.stage import placed_scores
 
     seq_scores = torch.from_numpy(np.asarray(result.scores, dtype=np.float32))  # (B,)
-    rm_scores, is_aborted = assemble_rm_scores(seq_scores, attention_mask, response_length)
-    kept = seq_scores[~is_aborted]
+    rm_scores, placed = placed_scores(seq_scores, attention_mask, response_length)
     metrics = {f"reward/{status}_count": float(n) for status, n in result.counts.items()}
-    metrics["reward/score_mean"] = float(kept.mean()) if len(kept) else float("nan")
-    metrics["reward/aborted_count"] = float(is_aborted.sum())
+    metrics |= placed
     delta = DataProto.from_dict(
         {K.RM_SCORES: rm_scores}, dict(result.extras), {K.REWARD_EXTRA_KEYS: list(result.extras)}
     )

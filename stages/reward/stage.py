@@ -120,12 +120,8 @@ def compute_reward(
         extras = result.extras
         metrics.update({f"reward/{status}_count": float(n) for status, n in result.counts.items()})
     responses = batch.batch[K.RESPONSES]  # (B, R)
-    rm_scores, is_aborted = assemble_rm_scores(
-        seq_scores, batch.batch[K.ATTENTION_MASK], responses.shape[1]
-    )
-    kept = seq_scores[~is_aborted]
-    metrics["reward/score_mean"] = float(kept.mean()) if len(kept) else float("nan")
-    metrics["reward/aborted_count"] = float(is_aborted.sum())
+    rm_scores, placed = placed_scores(seq_scores, batch.batch[K.ATTENTION_MASK], responses.shape[1])
+    metrics |= placed
     metrics["reward/time_s"] = time.perf_counter() - start
     delta = DataProto.from_dict(
         {K.RM_SCORES: rm_scores, SEQ_SCORES: seq_scores},
@@ -133,6 +129,20 @@ def compute_reward(
         {K.REWARD_EXTRA_KEYS: list(extras)},
     )
     return delta, metrics
+
+
+def placed_scores(
+    seq_scores: torch.Tensor, attention_mask: torch.Tensor, response_length: int
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """(B, R) ``rm_scores`` (each row's score at its last response token) and the metrics
+    ``reward/score_mean`` (over rows with a response) and ``reward/aborted_count``: what the
+    reward stage and the rollout's own scoring (``stages.agent.scoring``) both report."""
+    rm_scores, is_aborted = assemble_rm_scores(seq_scores, attention_mask, response_length)
+    kept = seq_scores[~is_aborted]
+    return rm_scores, {
+        "reward/score_mean": float(kept.mean()) if len(kept) else float("nan"),
+        "reward/aborted_count": float(is_aborted.sum()),
+    }
 
 
 def reward_stage_fn(batch: DataProto, ctx: StageContext) -> DataProto:
