@@ -7,9 +7,9 @@ nobody else: the answer ``table[k]`` is obtainable only by calling the tool with
 The call format is ``lookup_word`` (:mod:`stages.agent.parsers_compact`): a turn that is one
 word calls ``lookup`` with it. With the tiny tokenizer the ideal trajectory reads
 
-    <|user|>key: c<|assistant|>c<|endoftext|><|tool|>f<|assistant|>f<|endoftext|>
+    <|user|>key: c<|assistant|>c<|endoftext|><|tool|>a<|assistant|>a<|endoftext|>
 
-where ``c<|endoftext|>`` and ``f<|endoftext|>`` are sampled (mask 1) and ``<|tool|>f<|assistant|>``
+where ``c<|endoftext|>`` and ``a<|endoftext|>`` are sampled (mask 1) and ``<|tool|>a<|assistant|>``
 is the tool turn (mask 0): 14 response tokens. ``max_assistant_turns: 2`` ends the trajectory
 after the answer (the loop does not parse the last allowed turn, so a one-word answer is no call).
 
@@ -18,9 +18,9 @@ The reward loop decodes the response with special tokens skipped, so the scorer 
 ``t1 + "<|tool|>" + tool_text + t2`` (t1 the call turn, t2 the answer turn) when a tool turn
 ran, else ``t1`` alone; it rebuilds ``tool_text`` from the row's table and t1's key
 (:func:`split_turns`; the tool is deterministic). With ``copy(s, x)`` the copy demo's score of a
-text s for the one-letter answer x (:func:`copy_credit`: every visible character against x, 1
-for x, cyclic near-miss credit for another letter, 0.8× unless s is exactly one character) and
-V = ``table[k]``:
+text s for the one-letter answer x over the alphabet ``KEYS`` (:func:`copy_credit`: every visible
+character against x, 1 for x, 0.25 for a cyclic neighbour, 0 for the opposite letter, 0.8×
+unless s is exactly one character) and V = ``table[k]``:
 
 - ``call`` = copy(t1, k) / max(1, len(t1)): the key, and every visible character past one
   dilutes it;
@@ -30,14 +30,20 @@ V = ``table[k]``:
 - ``score`` = 0.3·call + 0.1·ran + 0.2·faithful + 0.4·correct (``WEIGHTS``);
 - ``acc`` = 1.0 when the tool was called with k and t2 starts with V (success), ``pred`` = t2[:1].
 
-So the ideal trajectory scores 1.0, and a policy that ignores the prompt (calls a key at random,
-then copies the tool's value faithfully) scores 0.519 on average: 0.3·0.3125 + 0.1 + 0.2 +
-0.4·0.3125, 0.3125 being a random letter's expected credit (the copy demo's). One that writes
-the same letter in both turns, whatever it reads, scores 0.381 (0.3·0.3125 + 0.1 + 0.2·0.3125
-+ 0.4·0.3125) and succeeds 1/64 of the time.
+So the ideal trajectory scores 1.0. A policy that calls one fixed key whatever the prompt, then
+copies the tool's value faithfully, scores 0.5625 on average (0.3·0.375 + 0.1 + 0.2 + 0.4·0.375,
+0.375 being a random letter's expected credit) and succeeds 1/4 of the time (greedy validation
+shows this plateau as acc 0.250, score 0.616 on the 64 validation rows). One that writes the
+same letter in both turns, whatever it reads, scores 0.4375 and succeeds 1/16 of the time.
 
 Why this shape (GRPO, n = 4, on a *randomly initialised* tiny model, as the copy demo); each
 rejected variant was run with configs/demo-agent-cpu.yaml:
+- Four keys and values, not the copy demo's eight. With eight letters (the first version) the
+  policy found the tool in 100 steps but learned the two copies slowly and stopped short:
+  greedy success 0.297 (score 0.649) from step 350 to step 650. With eight letters and the
+  answer scored over a window of 8 repeated letters (denser copy signal, 24 response tokens)
+  success was 0.031 at step 260. With four, both copies are learned by step 180–220 (measured
+  below, two seeds).
 - A call a random policy can find. hermes' JSON call is 57 tokens, never sampled. ``c?`` (a
   key then a question mark) was tried first: with credit for ``?`` anywhere the policy wrote
   ``?`` at every position; with credit for ``?`` right after the key only, the call was still
@@ -54,33 +60,14 @@ rejected variant was run with configs/demo-agent-cpu.yaml:
   in one alphabet: "emit the token before the last ``<|assistant|>``, then EOS" is the whole
   policy, in both turns.
 - ``faithful`` pays for copying the tool's value even when the key was wrong: without it the
-  copy pays only in the 1/8 of trajectories that called the right key. ``correct`` has the
+  copy pays only in the 1/4 of trajectories that called the right key. ``correct`` has the
   largest weight, so the optimum is the right key *and* its value.
+- ``entropy_coeff: 0.01``: without it the eight-letter policy collapsed onto one letter
+  everywhere (step 236: every sample ``d``, ``d``).
 
-Measured: ``OMP_NUM_THREADS=1 ppoflow train configs/demo-agent-cpu.yaml`` (400 steps, 64 prompts
-× 4, lr 3e-4, entropy_coeff 0.01), on the 2-core machine while other test suites ran (load
-average 4.6–6.2), greedy validation on the 64 prompts every 20 steps; wall minutes from the
-first step (start-up took 25 s more):
-
-=====  ======  =====  =====  ====================================================
-step   min     score  acc    what the policy does
-=====  ======  =====  =====  ====================================================
-0      0.0     0.000  0.000  random bytes, no call
-80     1.5     0.003  0.000  (train) shorter turns, first one-word calls
-100    2.0     0.375  0.016  calls with one letter + EOS, answers one letter + EOS:
-                             the same letter in both turns, whatever it reads
-280    11.5    0.375  0.016  (the plateau holds from step 100)
-300    12.4    0.475  0.078  starts copying
-360    15.3    0.642  0.297
-400    17.2    0.649  0.297
-=====  ======  =====  =====  ====================================================
-
-So on that machine it does *not* reach 0.8 within 10 minutes: the tool-use structure is found in
-2 minutes (100 steps), the prompt conditioning (the copies) starts near step 300. Each turn
-holds one letter, so a sample carries 2 copy decisions where the copy demo's carries 16; the
-plateau is correspondingly long. Without entropy_coeff the policy collapsed onto one letter
-everywhere (step 236: every sample ``d``, ``d``) and was still at 0.375 at step 240. Steps took
-0.8–1.6 s before the first calls and 2–4.5 s after (two generation rounds and the tool calls).
+Measured (greedy validation on the 64 validation prompts every 20 steps, 64 prompts × 4 per
+step, lr 3e-4) — the shipped run and a second seed are in docs/agents.md; the wall minutes
+and machine load are in bench/README.md.
 """
 
 from __future__ import annotations
@@ -96,7 +83,7 @@ from stages.data import demo_task
 
 DATA_SOURCE = "ppoflow/demo-lookup"
 ABILITY = "tool-use"
-KEYS = "abcdefgh"
+KEYS = "abcd"
 VALUES = KEYS  # one alphabet: the same copy circuit writes the key and the value
 AGENT_NAME = "tool_agent"
 CALL_FORMAT = "lookup_word"
@@ -174,7 +161,7 @@ def copy_credit(text: str, letter: str) -> float:
 
     Example:
         >>> copy_credit("c", "c"), copy_credit("cc", "c"), copy_credit("d", "c"), copy_credit("", "c")
-        (1.0, 0.8, 0.375, 0.0)
+        (1.0, 0.8, 0.25, 0.0)
     """
     alphabet = {"alphabet": KEYS}
     return demo_task.compute_score(demo_task.DATA_SOURCE, text, letter, alphabet)["score"]
@@ -186,14 +173,14 @@ def compute_score(
     """Score one multi-turn response (rules in the module docstring).
 
     Example:
-        >>> info = {"key": "c", "tools_kwargs": {"lookup": {"create_kwargs": {"table": {"c": "f", "a": "b"}}}}}
-        >>> compute_score(DATA_SOURCE, "c<|tool|>ff", "f", info)
-        {'score': 1.0, 'acc': 1.0, 'pred': 'f'}
-        >>> round(compute_score(DATA_SOURCE, "a<|tool|>bb", "f", info)["score"], 4)  # wrong key
-        0.375
-        >>> out = compute_score(DATA_SOURCE, "f", "f", info)  # the right value, but no tool call
+        >>> info = {"key": "c", "tools_kwargs": {"lookup": {"create_kwargs": {"table": {"c": "a", "a": "b"}}}}}
+        >>> compute_score(DATA_SOURCE, "c<|tool|>aa", "a", info)
+        {'score': 1.0, 'acc': 1.0, 'pred': 'a'}
+        >>> round(compute_score(DATA_SOURCE, "a<|tool|>bb", "a", info)["score"], 4)  # wrong key
+        0.4
+        >>> out = compute_score(DATA_SOURCE, "a", "a", info)  # the right value, but no tool call
         >>> round(out["score"], 5), out["acc"]
-        (0.0375, 0.0)
+        (0.0, 0.0)
     """
     if data_source != DATA_SOURCE:
         raise ValueError(
@@ -233,7 +220,7 @@ def make_agent_demo_rows(n: int, *, seed: int, split: str) -> list[dict[str, Any
     Example:
         >>> row = make_agent_demo_rows(1, seed=0, split="train")[0]
         >>> row["prompt"], row["reward_model"]["ground_truth"] == row["extra_info"]["tools_kwargs"]["lookup"]["create_kwargs"]["table"][row["extra_info"]["key"]]
-        ([{'role': 'user', 'content': 'key: g'}], True)
+        ([{'role': 'user', 'content': 'key: d'}], True)
     """
     if n < 0:
         raise ValueError(f"need n >= 0 rows, got n={n}")

@@ -32,7 +32,7 @@ from stages.data.demo_agent_task import (
 
 REPO = Path(__file__).resolve().parents[2]
 PPOFLOW = Path(sys.executable).with_name("ppoflow")
-TABLE = {"a": "b", "b": "h", "c": "f", "d": "d", "e": "a", "f": "c", "g": "g", "h": "e"}
+TABLE = {"a": "b", "b": "d", "c": "a", "d": "c"}
 INFO = {"key": "c", "tools_kwargs": {"lookup": {"create_kwargs": {"table": TABLE}}}}
 
 
@@ -40,25 +40,27 @@ def score(solution: str) -> dict:
     return compute_score(DATA_SOURCE, solution, TABLE["c"], INFO)
 
 
-# --- the scorer, by hand (key c, value f; module docstring for the formula) ---
+# --- the scorer, by hand (key c, value a; module docstring for the formula) ---
 
 
 def test_the_ideal_trajectory_scores_one_and_succeeds():
-    assert score("c<|tool|>ff") == {"score": 1.0, "acc": 1.0, "pred": "f"}
+    assert score("c<|tool|>aa") == {"score": 1.0, "acc": 1.0, "pred": "a"}
 
 
 def test_an_answer_that_does_not_stop_loses_the_stop_share_of_the_answer():
-    # call 1, ran 1, faithful copy("ff", f) = 0.8, correct 0.8: 0.3 + 0.1 + 0.16 + 0.32
-    out = score("c<|tool|>fff")
+    # call 1, ran 1, faithful copy("aa", a) = 0.8, correct 0.8: 0.3 + 0.1 + 0.16 + 0.32
+    out = score("c<|tool|>aaa")
     assert out["score"] == pytest.approx(0.88) and out["acc"] == 1.0
 
 
 def test_a_wrong_key_copied_faithfully_earns_the_key_near_miss_and_faithfulness():
-    # call: char_credit(a, c) = 0.25; the tool says b (table[a]), copied: faithful 1;
-    # correct = char_credit(b, f) = 0 (opposite letters)
-    out = score("a<|tool|>bb")
-    assert out["score"] == pytest.approx(0.3 * 0.25 + 0.1 + 0.2)
-    assert out["acc"] == 0.0 and out["pred"] == "b"
+    # call: char_credit(b, c) = 0.25 (cyclic distance 1 of 2); the tool says d (table[b]),
+    # copied: faithful 1; correct = char_credit(d, a) = 0.25 (d and a are neighbours, cyclic)
+    out = score("b<|tool|>dd")
+    assert out["score"] == pytest.approx(0.3 * 0.25 + 0.1 + 0.2 + 0.4 * 0.25)
+    assert out["acc"] == 0.0 and out["pred"] == "d"
+    # key a is opposite c (distance 2): no call credit; the tool says b, copied: correct 0.25
+    assert score("a<|tool|>bb")["score"] == pytest.approx(0.1 + 0.2 + 0.4 * 0.25)
 
 
 def test_every_visible_character_of_the_call_turn_dilutes_it():
@@ -68,24 +70,24 @@ def test_every_visible_character_of_the_call_turn_dilutes_it():
 
 
 def test_the_right_value_without_a_tool_call_is_no_success():
-    out = score("f")  # one letter, f against the key c (distance 3: 0.125), no tool turn
-    assert out["score"] == pytest.approx(0.3 * 0.125)
-    assert out["acc"] == 0.0
+    out = score("a")  # one letter, a against the key c (opposite: 0), no tool turn
+    assert out["score"] == 0.0 and out["acc"] == 0.0
+    assert score("d")["score"] == pytest.approx(0.3 * 0.25), "d is c's neighbour"
 
 
 def test_an_unknown_key_gets_the_tool_text_stripped_and_no_faithful_credit():
-    assert split_turns("zz<|tool|>unknown keyf", TABLE) == ("zz", "unknown key", "f")
-    out = score("zz<|tool|>unknown keyf")
-    # call: z is no key letter: 0; ran 1; faithful 0 (no letter came back); correct 1 (f)
+    assert split_turns("zz<|tool|>unknown keya", TABLE) == ("zz", "unknown key", "a")
+    out = score("zz<|tool|>unknown keya")
+    # call: z is no key letter: 0; ran 1; faithful 0 (no letter came back); correct 1 (a)
     assert out["score"] == pytest.approx(0.1 + 0.4 * 1.0)
-    assert out["acc"] == 0.0, "f was right by luck, but the key called was not c"
+    assert out["acc"] == 0.0, "a was right by luck, but the key called was not c"
 
 
 def test_the_scorer_refuses_another_data_source_and_a_mismatched_row():
     with pytest.raises(ValueError, match="demo-lookup"):
-        compute_score("ppoflow/demo-copy", "c?", "f", INFO)
+        compute_score("ppoflow/demo-copy", "c?", "a", INFO)
     with pytest.raises(ValueError, match="ground_truth"):
-        compute_score(DATA_SOURCE, "c?", "a", INFO)
+        compute_score(DATA_SOURCE, "c?", "b", INFO)
 
 
 # --- the call format and the tool ---
@@ -108,7 +110,7 @@ def test_the_tool_answers_from_the_row_table_only():
         finally:
             await tool.release(instance_id)
 
-    assert asyncio.run(call({"table": TABLE}, "c")) == "f"
+    assert asyncio.run(call({"table": TABLE}, "c")) == "a"
     assert asyncio.run(call({"table": TABLE}, "x")) == "unknown key"
     with pytest.raises(ValueError, match=r"create_kwargs\.table"):
         asyncio.run(call({}, "c"))
@@ -126,7 +128,8 @@ def test_rows_carry_the_key_the_secret_table_and_the_agent_loop():
         assert sorted(table) == list(KEYS) and row["agent_name"] == "tool_agent"
         assert row["prompt"] == [{"role": "user", "content": f"key: {info['key']}"}]
         assert row["reward_model"]["ground_truth"] == table[info["key"]]
-    assert len({json.dumps(r["extra_info"]["tools_kwargs"], sort_keys=True) for r in rows}) == 200
+    tables = {json.dumps(r["extra_info"]["tools_kwargs"], sort_keys=True) for r in rows}
+    assert len(tables) > 100, "each row draws its own table (4^4 = 256 possible)"
 
 
 def make_demo_data_cli(*args: str):
