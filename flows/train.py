@@ -418,7 +418,8 @@ def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:
     dump_validation(run.cfg.trainer.validation_data_dir, result.scored, run.tokenizer, step)
     run.progress.validation(step, result.mean_score, result.metrics)
     if result.generations:
-        run.sinks.log_table(result.generations, f"val_generations/step_{step}.json")
+        table = f"val_generations/step_{step:06d}.json"  # zero-padded: the files sort by step
+        run.sinks.log_table(result.generations, table)
     return result.mean_score, result.metrics
 
 
@@ -577,9 +578,25 @@ def summary_rows(result: TrainResult, cfg: PPORunConfig) -> dict[str, Any]:
     }
 
 
+def training_run_name() -> str:
+    """The training flow run's name in Prefect: the run directory's name
+    (``grpo-tiny-20261204-220653-344813``) when it is known as the flow starts — the run the command
+    line opened ahead, else the ``run_dir`` parameter — else ``train-<config file stem>`` (a
+    deployment's run directory is made inside the flow); ``ppo-train`` for a config object."""
+    opened = current_startup().opened
+    run_dir = opened[1].store.root if opened is not None else flow_run.parameters.get("run_dir")
+    if run_dir:
+        return str(run_dir).rstrip("/").rsplit("/", 1)[-1]
+    config = flow_run.parameters.get("config")
+    if isinstance(config, str | os.PathLike):
+        return f"train-{os.path.splitext(os.path.basename(config))[0]}"
+    return "ppo-train"
+
+
 train = StepFlow(
     fn=_train,
     name="ppo-train",
+    flow_run_name=training_run_name,
     validate_parameters=False,
     persist_result=False,
 )

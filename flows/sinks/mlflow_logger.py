@@ -1,6 +1,9 @@
 """MLflow logging for a training run that an unreachable tracking server never stops.
 
-* Experiment = ``trainer.project_name``, run name = ``trainer.experiment_name``; with
+* Experiment = ``trainer.project_name``, created as a model-training experiment (tag
+  ``mlflow.experimentKind`` = ``custom_model_development``, which MLflow 3's UI opens on runs and
+  charts instead of its GenAI traces view; an existing experiment without a kind gets the tag, one
+  whose kind a user chose keeps it), run name = ``trainer.experiment_name``; with
   ``MLFLOW_RUN_ID`` set (or ``run_id=``) the logger attaches to that run instead of creating one
   (and leaves its status to its owner). Two runs that create the experiment at once both use it.
 * Tracking URI: the ``tracking_uri`` argument, else ``MLFLOW_TRACKING_URI``, else a SQLite file
@@ -38,6 +41,11 @@
 * Tables: :meth:`MLflowLogger.log_table` logs rows with ``MlflowClient.log_table`` (MLflow's
   table artifact, which the UI renders as a table); a file the run already holds is not logged
   again (``log_table`` would append to it), so a resumed run does not repeat a table.
+* System metrics: with ``system_metrics_interval_s`` MLflow's own monitor
+  (``mlflow.system_metrics``) samples the machine's CPU, memory, disk, network and, where
+  ``pynvml`` finds them, GPUs every that many seconds into ``system/*`` metrics of the run (their
+  steps count samples, not training steps), from the run's creation (or attachment) to
+  :meth:`MLflowLogger.close`; a continued run's samples go on after its last one.
 * Plots: :meth:`MLflowLogger.log_plots` renders the end-of-run reward / response length / KL
   plots (flows/sinks/plots.py) and logs them as ``plots/<name>.png``; the first :meth:`log_metrics`
   starts importing the renderer in a background thread (``plots.preload_renderer``), so the
@@ -101,6 +109,8 @@ STEP_METRIC = "training/global_step"
 CHANGED_PARAMS_TAG = "ppoflow.changed_params"
 TRANSIENT_ERROR_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"}
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+#: the experiment tag MLflow 3's UI reads to choose its view, and the kind a training run is
+EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
 def flatten_config(config: Any) -> dict[str, str]:
@@ -188,6 +198,8 @@ class MLflowLogger:
         retry_interval_s: how long to wait after a failure before the next attempt.
         deferred: create (or attach to) the run at the first call instead of now, so that
             :meth:`continue_run` can name an existing run first.
+        system_metrics_interval_s: sample the machine's system metrics into the run every this
+            many seconds (module docstring); None = none.
     """
 
     def __init__(
@@ -200,6 +212,7 @@ class MLflowLogger:
         run_id: str | None = None,
         retry_interval_s: float = 30.0,
         deferred: bool = False,
+        system_metrics_interval_s: float | None = None,
     ) -> None:
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
@@ -229,6 +242,8 @@ class MLflowLogger:
         self._in_outage = False
         self._renderer_import: threading.Thread | None = None  # started by the first metrics
         self._taken_over = False  # go on with a dead logger's run (take_over)
+        self._system_interval_s = system_metrics_interval_s
+        self._system_monitor: Any = None  # mlflow.system_metrics' monitor, once the run exists
         if not deferred:
             self._drain(force=True)
 
@@ -400,6 +415,7 @@ class MLflowLogger:
     def close(self, status: str = "FINISHED") -> None:
         """Flush, save what could not be sent, and end the run (only a run this logger created
         or continued)."""
+        self._stop_system_metrics()
         if self.flush() and self._owns_run and self.run_id is not None:
             try:
                 self._client.set_terminated(self.run_id, status)
@@ -427,7 +443,28 @@ class MLflowLogger:
         if self.run_id is None:
             self.run_id = self._create_run()
             self._attached = True
+        if self._system_monitor is None and self._system_interval_s is not None:
+            self._start_system_metrics(self.run_id)
         return self.run_id
+
+    def _start_system_metrics(self, run_id: str) -> None:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self._system_monitor = SystemMetricsMonitor(
+            run_id,
+            sampling_interval=self._system_interval_s,
+            resume_logging=True,  # a continued run (or a replaced process) goes on after its last
+            tracking_uri=self.tracking_uri,
+        )
+        self._system_monitor.start()
+
+    def _stop_system_metrics(self) -> None:
+        monitor, self._system_monitor = self._system_monitor, None
+        if monitor is not None:
+            try:
+                monitor.finish()
+            except Exception as err:  # the store went away: the training's own metrics matter
+                log.warning("MLflow: system metrics did not stop cleanly: %s", err)
 
     def _continuable(self, run_id: str) -> str | None:
         """``run_id`` when the store still has it (not deleted), else None (a new run)."""
@@ -452,12 +489,16 @@ class MLflowLogger:
         if found is None:
             try:
                 self._client.create_experiment(
-                    self.project, artifact_location=artifact_location(self.tracking_uri)
+                    self.project,
+                    artifact_location=artifact_location(self.tracking_uri),
+                    tags={EXPERIMENT_KIND_TAG: TRAINING_KIND},
                 )
             except MlflowException as err:  # another run created it a moment ago
                 if err.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
             found = self._client.get_experiment_by_name(self.project)
+        if not found.tags.get(EXPERIMENT_KIND_TAG):
+            self._client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
         return self._client.create_run(found.experiment_id, run_name=self.experiment).info.run_id
 
     def _catch_up(self, run_id: str, history: dict[int, dict[str, float]]) -> None:

@@ -169,7 +169,7 @@ class MLflowProcessSink:
     """The ``mlflow`` sink, its :class:`~flows.sinks.mlflow_logger.MLflowLogger` in another process.
 
     Args of :meth:`start`: those of ``MLflowLogger`` (``project``: the experiment, ``experiment``:
-    the run name, ``run_dir``, ``tracking_uri``), the logger deferred; ``output``; and the fault
+    the run name, ``run_dir``, ``tracking_uri``, ``system_metrics_interval_s``), the logger deferred; ``output``; and the fault
     handling's bounds (module docstring): ``call_timeout_s``, ``start_timeout_s`` (the first
     answer of each process; at least ``call_timeout_s``), ``max_restarts``.
     """
@@ -219,12 +219,18 @@ class MLflowProcessSink:
         call_timeout_s: float = CALL_TIMEOUT_S,
         start_timeout_s: float = START_TIMEOUT_S,
         max_restarts: int = MAX_RESTARTS,
+        system_metrics_interval_s: float | None = None,
     ) -> MLflowProcessSink:
         """Hand the logger's settings to the process :func:`start_ahead` started (else to a new
         one); returns at once. ``output``: a file the process sends its stdout and stderr to
         (MLflow's and alembic's lines; the run's log while the run starts), None = leave them."""
         run_path = None if run_dir is None else str(run_dir)
-        logger = {"project": project, "experiment": experiment, "tracking_uri": tracking_uri}
+        logger = {
+            "project": project,
+            "experiment": experiment,
+            "tracking_uri": tracking_uri,
+            "system_metrics_interval_s": system_metrics_interval_s,
+        }
         settings = {"logger": {**logger, "run_dir": run_path}, "output": output}
         sink = cls(
             _ahead.pop() if _ahead else _Process.launch(),

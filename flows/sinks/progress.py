@@ -1,11 +1,14 @@
 """The console side of a training run: a progress bar or one line per step, a summary at the end.
 
 On a terminal (``console.is_terminal``) the steps drive a rich progress bar:
-``train ━━━━━╸━━━ 3/10 │ score 0.412 │ kl 0.0012 │ 1.4 s/step │ eta 0:10 │ 0:07``; validation
+``train ━━━━━╸━━━ 3/10 │ score 0.412 │ ppo_kl 0.0012 │ 1.4 s/step │ eta 0:10 │ 0:07``; validation
 lines print above it. Anywhere else (a log file, CI, ``| tee``) each step prints one line,
-``step 3/10 │ score 0.412 │ kl 0.0012 │ 1.4 s │ eta 0:10``, so logs stay readable.
+``step 3/10 │ score 0.412 │ ppo_kl 0.0012 │ 1.4 s │ eta 0:10``, so logs stay readable.
 
-The KL shown is the first of :data:`KL_KEYS` that the step logged (none: no KL column). ETA =
+The KL column is the first of :data:`KL_COLUMNS` that the step logged, under its own name (none:
+no KL column): ``ref_kl`` is the KL to the reference policy (``actor/reward_kl_penalty`` with
+the KL in the reward, else ``actor/kl_loss`` with the KL loss), ``ppo_kl`` the update's KL
+between the new and the old policy (``actor/ppo_kl``), which is not a KL to the reference. ETA =
 remaining steps × the mean ``timing_s/step`` so far. The bar starts at the first
 :meth:`Progress.validation` or :meth:`Progress.step` call and stops at :meth:`Progress.close`,
 which :meth:`Progress.summary` calls; a run that fails must call ``close`` itself (it is
@@ -29,7 +32,12 @@ from rich.console import Console
 from rich.table import Table
 
 SCORE = "critic/score/mean"
-KL_KEYS = ("actor/reward_kl_penalty", "actor/ppo_kl")
+#: (metric, column label) in order of preference: a KL to the reference first, else the update's
+KL_COLUMNS = (
+    ("actor/reward_kl_penalty", "ref_kl"),
+    ("actor/kl_loss", "ref_kl"),
+    ("actor/ppo_kl", "ppo_kl"),
+)
 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:
@@ -46,11 +54,12 @@ def _clock(seconds: float) -> str:
 
 
 def step_fields(metrics: dict[str, float], eta_seconds: float) -> dict[str, str]:
-    """The formatted columns of a step: score, `` │ kl …`` (or ""), step time, ETA."""
-    kl = next((metrics[k] for k in KL_KEYS if k in metrics), None)
+    """The formatted columns of a step: score, `` │ ref_kl …`` / `` │ ppo_kl …`` (or ""), step
+    time, ETA."""
+    kl = next(((metrics[k], label) for k, label in KL_COLUMNS if k in metrics), None)
     return {
         "score": _fmt(metrics.get(SCORE)),
-        "kl": "" if kl is None else f" │ kl {_fmt(kl, '.4f')}",
+        "kl": "" if kl is None else f" │ {kl[1]} {_fmt(kl[0], '.4f')}",
         "step_time": _fmt(metrics.get("timing_s/step", float("nan")), ".1f"),
         "eta": _clock(eta_seconds),
     }
@@ -61,7 +70,9 @@ def step_line(step: int, total: int, fields: dict[str, str]) -> str:
 
     >>> step_line(3, 10, step_fields({SCORE: 0.412, "actor/ppo_kl": 0.0012,
     ...                               "timing_s/step": 1.4}, 9.8))
-    'step 3/10 │ score 0.412 │ kl 0.0012 │ 1.4 s │ eta 0:10'
+    'step 3/10 │ score 0.412 │ ppo_kl 0.0012 │ 1.4 s │ eta 0:10'
+    >>> step_fields({"actor/kl_loss": 0.03, "actor/ppo_kl": 0.0012}, 0.0)["kl"]
+    ' │ ref_kl 0.0300'
     """
     return (
         f"step {step}/{total} │ score {fields['score']}{fields['kl']} │ "

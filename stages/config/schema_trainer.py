@@ -198,6 +198,13 @@ class PPOFlowConfig(ConfigModel):
         "most 3 times a run (the first answer of each, while MLflow is imported, and the call "
         "that creates a new store may take up to 600 s or this, whichever is longer) (seconds)",
     )
+    mlflow_system_metrics_interval_s: float | None = Field(
+        10.0,
+        gt=0,
+        description="Seconds between samples of MLflow's system metrics (system/*: CPU, memory, "
+        "disk, network, and GPUs where pynvml finds them) in the mlflow sink's run; null = none "
+        "(seconds)",
+    )
     cache: bool = Field(
         True, description="Reuse a stage's stored output when its cache key matches (bool)"
     )

@@ -44,6 +44,7 @@ PLACEHOLDERS = {
     "stop_reason": "length|max_assistant_turns|max_user_turns|no_tool_call|single_turn|"
     "tool_response_too_long|interaction_done|interaction_error|user_turn_too_long",
     "tool": "[^/]+",
+    "system_metric": ".+",
 }
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
@@ -618,6 +619,12 @@ _ENTRIES = [
         "Calls of that tool killed at multi_turn.sandbox.timeout_s.",
         "none (a count of calls)",
         _AGENT,
+    ),
+    (
+        "system/{system_metric}",
+        "MLflow's own system metrics (CPU and memory use, disk, network, and per-GPU use, memory and power where pynvml finds GPUs), machine-wide, not only ppoflow's processes. Their step is the sample's index, not the training step.",
+        "one sample: the mean of the readings over ppoflow.mlflow_system_metrics_interval_s seconds",
+        "mlflow sink (mlflow.system_metrics)",
     ),
     (
         "reward_model/num_pad_rows",

@@ -175,3 +175,46 @@ def test_warm_up_reads_only_and_leaves_an_outage_to_the_first_call(
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
     down = f"http://127.0.0.1:{closed_port()}"
     MLflowLogger("proj", "warm", run_dir=tmp_path, tracking_uri=down, deferred=True).warm_up()
+
+
+def test_the_experiment_is_a_model_training_experiment_unless_its_kind_was_chosen(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'kind.db'}"
+    with MLflowLogger("fresh", "exp", run_dir=tmp_path, tracking_uri=uri) as logger:
+        logger.log_metrics({"actor/pg_loss": 0.5}, step=1)
+    client = MlflowClient(uri)
+    kind = "mlflow.experimentKind"
+    assert client.get_experiment_by_name("fresh").tags[kind] == "custom_model_development"
+    where = (tmp_path / "artifacts").as_uri()
+    old = client.create_experiment("made-before", where)  # by an older ppoflow: no kind yet
+    chosen = client.create_experiment("chosen", where, tags={kind: "finetuning"})
+    for name in ("made-before", "chosen"):
+        with MLflowLogger(name, "exp", run_dir=tmp_path, tracking_uri=uri) as logger:
+            logger.log_metrics({"actor/pg_loss": 0.5}, step=1)
+    assert client.get_experiment(old).tags[kind] == "custom_model_development"
+    assert client.get_experiment(chosen).tags[kind] == "finetuning", "a user's choice stays"
+
+
+def test_system_metrics_are_sampled_into_the_run_until_close(tmp_path, store_uri):
+    logger = MLflowLogger(
+        "proj", "sys", run_dir=tmp_path, tracking_uri=store_uri, system_metrics_interval_s=0.2
+    )
+    logger.log_metrics({"actor/pg_loss": 0.5}, step=1)
+    time.sleep(1.5)
+    logger.close()
+    client = MlflowClient(store_uri)
+    system = {k for k in client.get_run(logger.run_id).data.metrics if k.startswith("system/")}
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= system
+    history = client.get_metric_history(logger.run_id, "system/cpu_utilization_percentage")
+    assert len(history) >= 2 and [m.step for m in history] == list(range(len(history)))
+    time.sleep(0.5)
+    after = client.get_metric_history(logger.run_id, "system/cpu_utilization_percentage")
+    assert len(after) == len(history), "close stops the sampling"
+    assert describe_metric("system/cpu_utilization_percentage").startswith("MLflow's own")
+
+
+def test_a_logger_without_an_interval_samples_no_system_metrics(tmp_path, store_uri):
+    with MLflowLogger("proj", "nosys", run_dir=tmp_path, tracking_uri=store_uri) as logger:
+        logger.log_metrics({"actor/pg_loss": 0.5}, step=1)
+        time.sleep(0.3)
+    metrics = MlflowClient(store_uri).get_run(logger.run_id).data.metrics
+    assert not any(name.startswith("system/") for name in metrics)

@@ -273,9 +273,9 @@ def test_runs_resumes_and_branches_on_a_real_mlflow_server(
         assert "`critic/score/mean`" in tags["mlflow.note.content"].split("| metric |", 1)[1]
         assert [p.step for p in client.get_metric_history(a.mlflow_run_id, CACHE_HITS)] == [1, 2]
         tables = json.loads(tags["mlflow.loggedArtifacts"])
-        assert tables == [{"path": "val_generations/step_2.json", "type": "table"}]
+        assert tables == [{"path": "val_generations/step_000002.json", "type": "table"}]
         local = client.download_artifacts(
-            a.mlflow_run_id, "val_generations/step_2.json", str(tmp_path / "downloaded")
+            a.mlflow_run_id, "val_generations/step_000002.json", str(tmp_path / "downloaded")
         )
         table = json.loads(Path(local).read_text())
         assert len(table["data"]) == 2 and "output" in table["columns"]

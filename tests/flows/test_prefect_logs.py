@@ -23,7 +23,7 @@ STEP_2 = {"critic/score/mean": 0.25, "timing_s/step": 4.0}
 VAL = {"val-core/demo/reward/mean@1": 0.125, "val-aux/demo/acc/std@1": 0.3}
 EXPECTED = [
     "validation @ step 0: score 0.125 demo/reward/mean@1=0.125",
-    "step 1/4 │ score 0.500 │ kl 0.0012 │ 2.0 s │ eta 0:06",
+    "step 1/4 │ score 0.500 │ ppo_kl 0.0012 │ 2.0 s │ eta 0:06",
     "step 2/4 │ score 0.250 │ 4.0 s │ eta 0:06",
 ]
 

@@ -81,3 +81,29 @@ def test_as_a_flow_inside_a_flow_run_each_step_is_a_subflow_run_step_k(
             tracker = client.read_task_run(child.parent_task_run_id)
             assert str(tracker.flow_run_id) == parent_id  # the step's node in the parent
             assert child.parameters["batch"].startswith("DataProto(rows=4")
+
+
+def _name_only(config, overrides=(), run_dir=None) -> str:
+    return flow_run.name
+
+
+def test_the_training_flow_run_is_named_after_its_run_directory(monkeypatch):
+    import flows.train as train_module
+
+    named = StepFlow(
+        fn=_name_only,
+        name="test-run-names",
+        flow_run_name=train_module.training_run_name,
+        validate_parameters=False,
+        persist_result=False,
+    )
+    assert named("configs/demo-cpu.yaml", run_dir="/runs/grpo-tiny-20261205-1/") == (
+        "grpo-tiny-20261205-1"
+    )
+    assert named("configs/demo-agent-cpu.yaml") == "train-demo-agent-cpu"
+    assert named(object()) == "ppo-train"
+    opened = ("ignored", type("Run", (), {"store": type("S", (), {"root": "/x/opened-7"})}))
+    monkeypatch.setattr(
+        train_module, "current_startup", lambda: type("Startup", (), {"opened": opened})
+    )
+    assert named("configs/demo-cpu.yaml") == "opened-7", "the run the command line opened"

@@ -32,7 +32,7 @@ def test_off_a_terminal_each_step_prints_one_line_with_score_kl_time_and_eta():
     assert not progress.uses_bar
     assert lines == [
         "validation @ step 0: score 0.125 demo/reward/mean@1=0.125",
-        "step 1/4 │ score 0.500 │ kl 0.0012 │ 2.0 s │ eta 0:06",
+        "step 1/4 │ score 0.500 │ ppo_kl 0.0012 │ 2.0 s │ eta 0:06",
         "step 2/4 │ score 0.250 │ 4.0 s │ eta 0:06",  # (4 − 2) × mean(2, 4)
     ]
 
@@ -49,7 +49,7 @@ def test_on_a_terminal_the_bar_shows_step_score_kl_time_and_eta_and_is_closed_by
     assert progress._bar is None  # stopped
     text = ANSI.sub("", out.getvalue())
     last_bar = [line for line in text.splitlines() if "train" in line and "/3" in line][-1]
-    assert "2/3" in last_bar and "score 0.625" in last_bar and "kl 0.0123" in last_bar
+    assert "2/3" in last_bar and "score 0.625" in last_bar and "ref_kl 0.0123" in last_bar
     assert "1.0 s/step" in last_bar and "eta 0:02" in last_bar  # 1 step × mean(3, 1) s
     assert "validation @ step 1: score 0.750" in text
     assert "step 2/3 │" not in text  # no per-step lines on a terminal
@@ -92,4 +92,4 @@ def test_a_kl_that_rounds_to_zero_prints_without_a_sign():
     progress.step(1, step_metrics(0.5, 1.0, **{"actor/ppo_kl": -3e-7}))
     progress.step(2, step_metrics(0.5, 1.0, **{"actor/ppo_kl": -0.0123}))
     first, second = out.getvalue().splitlines()
-    assert "│ kl 0.0000 │" in first and "│ kl -0.0123 │" in second
+    assert "│ ppo_kl 0.0000 │" in first and "│ ppo_kl -0.0123 │" in second
