@@ -58,6 +58,7 @@ IS_PAD = (
 # --- meta_info (per step) ---
 TEMPERATURE = "temperature"  # float
 GLOBAL_STEPS = "global_steps"  # int
+GEN_ROUND = "gen_round"  # int: the generation round of a step with dynamic sampling (absent = 1)
 GLOBAL_TOKEN_NUM = "global_token_num"  # list[int]: per-row attention-mask sums
 METRICS = "metrics"  # dict[str, list | float]: merged specially by concat
 REWARD_EXTRA_KEYS = "reward_extra_keys"  # list[str]: non-tensor keys holding reward extras

@@ -3,7 +3,10 @@
 :func:`build_engines` builds, for ``StageContext.engines``:
 
 - ``actor`` (always): ``ActorWorker`` — rollouts, old log-probs, the PPO update;
-- ``ref`` when ``derived.use_reference_policy``: ``RefWorker``;
+- ``ref`` when ``derived.use_reference_policy``: ``RefWorker``; with ``derived.reference_in_actor``
+  (LoRA adapters on the actor that switch off to its base) no reference model is built and
+  ``ref`` is the actor's own handle, whose ``compute_ref_log_prob`` runs its module with the
+  adapters off (:func:`reference_handle`);
 - ``critic`` when ``derived.use_critic``: ``CriticWorker``;
 - the reward engines (``reward_loop`` and/or ``reward_model``, ``stages.reward.stage``);
 - ``agent`` when the run may use tools: the tool sandbox and what the agent loop needs
@@ -64,6 +67,7 @@ import torch
 from dataproto import DataProto
 from flows.cache.user_files import path_digest
 from stages.agent.rollout import build_agent_engines, close_agent_engines, may_use_tools
+from stages.engines.adapters import adapter_settings
 from stages.engines.colocated import ColocatedRoles, ColocatedWorker
 from stages.engines.dispatch import check_ranks_per_chunk
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS, ROLLOUT_METHODS
@@ -74,6 +78,7 @@ from stages.reward.stage import build_reward_engines, close_reward_engines
 from stages.stage import Stage
 
 MODEL_ROLES = ("actor", "ref", "critic")
+ARR = "actor_rollout_ref"
 
 
 class InProcessRole:
@@ -138,9 +143,10 @@ def _unlimited_backends() -> str:
 
 
 def roles_for(config: Any) -> list[str]:
-    """The model roles the config needs: actor always, ref and critic when in use."""
+    """The model roles the config needs: actor always, ref and critic when in use (ref not when
+    the reference is the actor's base, ``derived.reference_in_actor``)."""
     roles = ["actor"]
-    if config.derived.use_reference_policy:
+    if config.derived.use_reference_policy and not config.derived.reference_in_actor:
         roles.append("ref")
     if config.derived.use_critic:
         roles.append("critic")
@@ -328,6 +334,7 @@ def build_engines(
 
     startup = startup or current_startup()
     check_backend(config)
+    check_adapters(config)
     if not WORKER_BACKENDS.get(config.ppoflow.workers.backend).ranks_in_driver:
         check_gpu_count(config)
     engines: dict[str, Any] = {}
@@ -344,10 +351,51 @@ def build_engines(
             text = "; ".join(f"{role}: {describe_role(config, role)}" for role in roles)
             with startup.phase("engines", text):
                 engines.update(build_roles(config, roles, total_training_steps))
+        engines.update(reference_handle(config, engines))
     except BaseException:
         close_engines(engines)
         raise
     return engines
+
+
+def reference_handle(config: Any, engines: Any) -> dict[str, Any]:
+    """``{"ref": the actor's handle}`` when the run uses a reference policy that is the actor's
+    base (``derived.reference_in_actor``: ``compute_ref_log_prob`` on the actor runs its module
+    with its LoRA adapters off); else nothing (the ref role is a model of its own, or unused)."""
+    derived = config.derived
+    if derived.use_reference_policy and derived.reference_in_actor:
+        return {"ref": engines["actor"]}
+    return {}
+
+
+def check_adapters(config: Any) -> None:
+    """Before any weight is read: each role's LoRA targets match modules of its model (the
+    adapters put on a model built from its config.json on the meta device), and an adapter
+    directory to start from is a LoRA adapter of the configured rank, trained on the role's
+    base model (``stages.engines.adapters``); one line naming the key otherwise."""
+    from transformers import AutoConfig
+
+    from stages.engines.adapters import adapter_settings, check_adapter_dir, check_targets_on_meta
+    from stages.engines.models import check_model_path
+
+    model, critic = config.actor_rollout_ref.model, config.critic.model
+    roles = [(model, "actor_rollout_ref.model", "CAUSAL_LM")]
+    if config.derived.use_critic:
+        roles.append((critic, "critic.model", "TOKEN_CLS"))
+    for model_cfg, prefix, task_type in roles:
+        settings = adapter_settings(model_cfg, prefix)
+        if settings is None:
+            continue
+        if settings.adapter_path:
+            check_adapter_dir(settings, model_cfg.path)
+            continue
+        check_model_path(model_cfg.path)
+        hf_config = AutoConfig.from_pretrained(
+            model_cfg.path, trust_remote_code=model_cfg.trust_remote_code
+        )
+        if task_type == "TOKEN_CLS":
+            hf_config.num_labels = 1
+        check_targets_on_meta(settings, hf_config, task_type)
 
 
 def _build_order(config: Any) -> list[list[str]]:
@@ -365,6 +413,14 @@ def describe_role(config: Any, role: str) -> str:
     ranks = config.derived.dp_size
     where = config.ppoflow.workers.backend
     text = f"DeepSpeed ZeRO-{settings.zero_stage}, {ranks} rank{'s' * (ranks != 1)} ({where})"
+    model_cfg, prefix = (
+        (config.critic.model, "critic.model") if role == "critic" else (arr.model, f"{ARR}.model")
+    )
+    adapter = adapter_settings(model_cfg, prefix) if role != "ref" else None
+    if adapter is not None:
+        text += f", {adapter.variant} rank {adapter.rank or 'of ' + str(adapter.adapter_path)}"
+        if role == "actor" and config.derived.use_reference_policy:
+            text += " (reference: adapters off)"
     return text + (f", rollout {arr.rollout.name}" if role == "actor" else "")
 
 
@@ -375,9 +431,11 @@ def close_engines(engines: dict[str, Any]) -> None:
     other groups' actors are gone with it: every role is closed here, in any order."""
     close_reward_engines(engines)
     close_agent_engines(engines)
+    closed: set[int] = set()  # ref may be the actor's own handle (reference_handle)
     try:
         for role in MODEL_ROLES:
-            if role in engines:
+            if role in engines and id(engines[role]) not in closed:
+                closed.add(id(engines[role]))
                 engines[role].close()
     finally:
         engines.clear()
@@ -392,6 +450,18 @@ def model_fingerprint(path: str | os.PathLike, role: str, dtype: str | None = No
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def with_adapter(root: str, model_cfg: Any, prefix: str) -> str:
+    """A role's lineage root moved by its LoRA adapters: sha256(root | their settings and the
+    content digest of the adapter directory they start from); ``root`` itself without."""
+    from stages.engines.adapters import adapter_settings, lineage_text
+
+    settings = adapter_settings(model_cfg, prefix)
+    if settings is None:
+        return root
+    text = f"{root}\nadapter {lineage_text(settings, path_digest(settings.adapter_path))}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 class WeightsLineage:
     """role → weights fingerprint (module docstring); ``fingerprint(stage)`` feeds the step flow."""
 
@@ -400,13 +470,23 @@ class WeightsLineage:
 
     @classmethod
     def from_config(cls, config: Any) -> WeightsLineage:
-        model = config.actor_rollout_ref.model
-        critic_dtype = config.critic.model.dtype or model.dtype
+        """The roots: each role's model directory, and for a role with LoRA adapters their
+        settings and the adapter directory they start from (``with_adapter``). The reference is
+        the base model with or without adapters on the actor (verl: the base, not the adapter
+        it starts from)."""
+        model, critic = config.actor_rollout_ref.model, config.critic.model
+        critic_dtype = critic.dtype or model.dtype
         return cls(
             {
-                "actor": model_fingerprint(model.path, "actor", model.dtype),
+                "actor": with_adapter(
+                    model_fingerprint(model.path, "actor", model.dtype),
+                    model,
+                    "actor_rollout_ref.model",
+                ),
                 "ref": model_fingerprint(model.path, "ref", model.dtype),
-                "critic": model_fingerprint(config.critic.model.path, "critic", critic_dtype),
+                "critic": with_adapter(
+                    model_fingerprint(critic.path, "critic", critic_dtype), critic, "critic.model"
+                ),
             }
         )
 

@@ -106,6 +106,12 @@ class ActorCheckpoint:
                 "ppoflow train"
             )
         manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        if manifest.get("adapter") is not None:  # the LoRA adapters only, not a whole model
+            raise NotImplementedError(
+                f"{directory} holds LoRA adapters (rank {manifest['adapter'].get('rank')}), not "
+                "the model's weights: exporting adapters (a PEFT adapter directory, or the merged "
+                "model) is not implemented yet; the checkpoint resumes training as it is"
+            )
         return cls(directory, step, manifest["zero_stage"], manifest["world_size"])
 
     def compute_dtype(self) -> str:

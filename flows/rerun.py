@@ -71,9 +71,11 @@ from flows.engines import (
     build_reward,
     build_role,
     close_engines,
+    reference_handle,
     roles_for,
 )
 from flows.process.device import apply_device
+from flows.rerun_rounds import check_round, planned_stages, round_view
 from flows.runs.branches import index_dir, note_branch, parent_chain, remove_notes
 from flows.runs.checkpoints import DATA_ROLE, STATE_FILE
 from flows.runs.identity import CACHE_HITS, run_info, run_tags
@@ -92,6 +94,7 @@ from flows.train import step_metrics
 from stages.config import PPORunConfig, apply_overrides, validate_config
 from stages.engines.checkpoint import checkpoint_dir
 from stages.engines.checkpoint_manifest import verify_checkpoint
+from stages.metrics.signal import GEN_ROUNDS
 from stages.ppo import PPO_STAGES
 from stages.reward.stage import LOOP_ENGINE, MODEL_ENGINE
 from stages.stage import Stage, StageContext
@@ -124,8 +127,12 @@ def check_stage_name(name: str, option: str) -> str:
     return name
 
 
-def stage_window(from_stage: str, to_stage: str | None) -> tuple[tuple[Stage, ...], list[str]]:
-    """(the stages the re-run plans, up to ``to_stage``; the names of those before ``from_stage``).
+def stage_window(
+    from_stage: str, to_stage: str | None, planned: Sequence[Stage] = PPO_STAGES
+) -> tuple[tuple[Stage, ...], list[str]]:
+    """(the stages of ``planned`` the re-run plans, up to ``to_stage``; the names of those before
+    ``from_stage``). ``planned``: the step's stages (a step of dynamic sampling plans its training
+    or its round's generation stages, flows/rerun_rounds.py).
 
     >>> stages, before = stage_window("advantage", "advantage")
     >>> [s.name for s in stages][-1], before[:2]
@@ -139,7 +146,7 @@ def stage_window(from_stage: str, to_stage: str | None) -> tuple[tuple[Stage, ..
             f"{list(STAGE_NAMES)}"
         )
     names = list(STAGE_NAMES[: STAGE_NAMES.index(to_stage) + 1])
-    stages = tuple(stage for stage in PPO_STAGES if stage.name in names)
+    stages = tuple(stage for stage in planned if stage.name in names)
     return stages, list(STAGE_NAMES[: STAGE_NAMES.index(from_stage)])
 
 
@@ -257,7 +264,10 @@ def lazy_engines(cfg: PPORunConfig, step: int) -> LazyEngines:
         role: role_builder(cfg, role, step, total_steps) for role in roles_for(cfg)
     }
     builders.update({LOOP_ENGINE: reward, MODEL_ENGINE: reward})
-    return LazyEngines(builders)
+    if cfg.derived.use_reference_policy and cfg.derived.reference_in_actor:
+        builders["ref"] = lambda: reference_handle(cfg, engines)  # the actor's base
+    engines = LazyEngines(builders)
+    return engines
 
 
 def weights_at_start(journal: StepJournal, parent_cfg: PPORunConfig, step: int) -> dict[str, str]:
@@ -582,7 +592,8 @@ def run_branch_step(
     metrics = dict(result.metrics)
     if K.ADVANTAGES in result.batch.batch:
         epoch = int(journal.metrics.get("training/epoch", 0))
-        metrics = step_metrics(result, cfg, step, epoch)
+        rounds = int(journal.metrics.get(GEN_ROUNDS, 1))  # the parent's generation rounds
+        metrics = step_metrics(result, cfg, step, epoch, rounds)
     result.journal.metrics, result.journal.weights = metrics, dict(journal.weights)
     store.write_journal(result.journal)
     return result, metrics, list(engines.built)
@@ -597,9 +608,11 @@ def _rerun(
     new_run_dir: str | None = None,
     refresh: bool = False,
     verify: Verify = "full",
+    gen_round: int | None = None,
 ) -> RerunResult:
-    """Re-run stages of step ``step`` of ``run_dir`` (module docstring)."""
-    stages, before = stage_window(from_stage, to_stage)
+    """Re-run stages of step ``step`` of ``run_dir`` (module docstring); with ``gen_round``, of
+    that generation round of a step with dynamic sampling (flows/rerun_rounds.py)."""
+    check_stage_name(from_stage, "--from")
     parent = RunStore(run_dir)
     if not parent.exists(CONFIG_FILE):
         raise ValueError(
@@ -607,8 +620,12 @@ def _rerun(
             "directory that ppoflow train printed last"
         )
     parent_cfg = validate_config(parent.load_config(), f"{parent.root}/{CONFIG_FILE}")
+    planned = planned_stages(parent_cfg, gen_round, from_stage)
+    stages, before = stage_window(from_stage, to_stage, planned)
     cfg = apply_overrides(parent_cfg, list(overrides)) if overrides else parent_cfg
-    journal = parent_step(parent, step)
+    parent_step(parent, step)  # the step finished (and its journal is the parent's)
+    check_round(parent, step, gen_round)
+    journal = parent_step(round_view(parent, gen_round), step)
     info = {
         "parent_run_dir": parent.root,
         "step": step,
@@ -616,19 +633,22 @@ def _rerun(
         "to": to_stage or METRICS_STAGE,
         "overrides": list(overrides),
     }
-    origin = f"{parent.root} step {step}"
+    if gen_round is not None:
+        info["round"] = gen_round
+    origin = f"{parent.root} step {step}" + ("" if gen_round is None else f" round {gen_round}")
     step_input = load_step_input(journal, origin, verify)  # read before the branch is written,
     reuse = reusable_records(journal, before)
     check_reusable(reuse, origin, verify)  # so a damaged parent leaves no half-made branch
-    new_dir = new_run_dir or default_rerun_dir(parent.root, step, from_stage)
+    label = from_stage if gen_round is None else f"round{gen_round}-{from_stage}"
+    new_dir = new_run_dir or default_rerun_dir(parent.root, step, label)
     notes: list[Path] = []
     try:
         with removed_on_failure(new_dir):  # the parent is only read; a failure leaves no branch
             store = open_branch(parent, cfg, new_dir, info)
             notes = note_in_index(store, step)  # the parent's retention keeps the step meanwhile
             result, metrics, engines_built = run_branch_step(
-                store, cfg, parent_cfg, journal, stages, before, step_input, reuse, origin,
-                refresh, verify,
+                round_view(store, gen_round), cfg, parent_cfg, journal, stages, before,
+                step_input, reuse, origin, refresh, verify,
             )  # fmt: skip
             original = dict(journal.metrics)
             if (to_stage or METRICS_STAGE) != METRICS_STAGE:  # stages after --to did not run

@@ -68,6 +68,7 @@ from dataproto import keys as K
 from flows.cache.code_fingerprint import code_change_notice, run_code
 from flows.cache.keys import plugin_names
 from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
+from flows.gen_rounds import step_input_of
 from flows.process.device import apply_device
 from flows.process.own_process import prepare_own_process
 from flows.process.prefect_server import describe_prefect
@@ -113,8 +114,9 @@ from stages.metrics import (
     compute_throughput_metrics,
     compute_timing_metrics,
 )
+from stages.metrics.signal import batch_signal_metrics, has_no_signal, no_signal_line
 from stages.metrics.sinks import shows_progress
-from stages.ppo import PPO_STAGES, make_step_input
+from stages.ppo import PPO_STAGES
 from stages.stage import StageContext
 
 #: Prefect retries of the stages that write no weights (rollout, reward, log-probs, advantage)
@@ -354,8 +356,11 @@ def resume(run: TrainRun, startup: Startup | None = None) -> None:
 # --- one step ----------------------------------------------------------------------------------
 
 
-def step_metrics(result: StepResult, cfg: PPORunConfig, step: int, epoch: int) -> dict[str, float]:
-    """The step's metrics: the stages' own, data, timing, throughput and ``training/*``."""
+def step_metrics(
+    result: StepResult, cfg: PPORunConfig, step: int, epoch: int, gen_rounds: int = 1
+) -> dict[str, float]:
+    """The step's metrics: the stages' own, data, timing, throughput, learning signal (with the
+    step's ``gen_rounds`` generation rounds) and ``training/*``."""
     tensors = result.batch.batch
     token_num = tensors[K.ATTENTION_MASK].sum(-1).tolist()  # (B,) prompt + response tokens
     batch = DataProto(
@@ -372,39 +377,40 @@ def step_metrics(result: StepResult, cfg: PPORunConfig, step: int, epoch: int) -
     metrics.update(compute_data_metrics(batch, use_critic=cfg.derived.use_critic))
     metrics.update(compute_timing_metrics(batch, timing))
     metrics.update(compute_throughput_metrics(batch, timing, cfg.derived.dp_size))
+    metrics.update(batch_signal_metrics(result.batch, gen_rounds))
     metrics.update({"training/global_step": float(step), "training/epoch": float(epoch)})
     metrics[CACHE_HITS] = cache_hits(result.records)
     return metrics
 
 
 def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRecord]]:
-    """Load the next prompts, run the step's stages, update the run state; the step's metrics
-    and its stage records."""
+    """Load the next prompts (or generate DAPO's rounds), run the step's stages, update the run
+    state; the step's metrics and its stage records."""
     cfg, epoch = run.cfg, run.loader.epoch
-    step_input = make_step_input(
-        run.loader.next_batch(),
-        cfg.actor_rollout_ref.rollout.n,
-        temperature=cfg.actor_rollout_ref.rollout.temperature,
-        global_steps=step,
-        kl_coef=None if run.kl_ctrl is None else run.kl_ctrl.value,
-        uid_seed=cfg.trainer.seed,
-    )
+    options = {
+        "weights_fingerprints": run.lineage.fingerprint,
+        "refresh": () if cfg.ppoflow.cache else [stage.name for stage in PPO_STAGES],
+        "retries": IDEMPOTENT_RETRIES,
+        "run_weight_writers": True,
+    }
     weights_at_start = run.lineage.state_dict()
+    planned = step_input_of(run, step, options)  # flows/gen_rounds.py
     result = run_step.fn(  # a plain call, not a subflow run: flows/step_flow.py says why
-        PPO_STAGES,
-        step_input,
-        StageContext(config=cfg, engines=run.engines, step=step),
+        planned.stages,
+        planned.batch,
+        StageContext(config=cfg, engines=run.engines, step=step, metrics=planned.metrics),
         run.store,
         step,
-        weights_fingerprints=run.lineage.fingerprint,
-        refresh=() if cfg.ppoflow.cache else [stage.name for stage in PPO_STAGES],
-        retries=IDEMPOTENT_RETRIES,
-        run_weight_writers=True,
+        **options,
     )
+    # the generation rounds' own step times (summed by merge_round_metrics) are part of the step
+    result.metrics["timing_s/step"] += planned.metrics.get("timing_s/step", 0.0)
     run.lineage.advance(PPO_STAGES, result.records)
     if run.kl_ctrl is not None:
         run.kl_ctrl.update(current_kl=result.metrics[KL_METRIC], n_steps=len(result.batch))
-    metrics = step_metrics(result, cfg, step, epoch)
+    metrics = step_metrics(result, cfg, step, epoch, planned.gen_rounds)
+    if has_no_signal(metrics):
+        run.progress.warning(no_signal_line(step, metrics))  # the console and the flow run log
     result.journal.metrics, result.journal.weights = metrics, weights_at_start
     run.store.write_journal(result.journal)
     dump_rollout(cfg.trainer.rollout_data_dir, result.batch, run.tokenizer, step)

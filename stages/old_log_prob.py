@@ -5,7 +5,8 @@ requires: ``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T), ``respon
 produces: ``old_log_probs`` (B, R) float32.
 
 - Bypass mode (``algorithm.rollout_correction.bypass_mode``): ``old_log_probs`` is a copy of
-  ``rollout_log_probs`` (no model call, no ``actor/entropy``). Null, ppoflow's default, is
+  ``rollout_log_probs`` (no model call; the actor's update measures ``actor/entropy``
+  instead). Null, ppoflow's default, is
   filled in at config load from the rollout backend's registry entry: true for ``hf``, whose
   log-probs come from the actor's own module before the step's update (the same quantity, up to
   float rounding), false for ``vllm`` (its own kernels).

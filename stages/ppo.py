@@ -81,18 +81,36 @@ PPO_STAGES: tuple[Stage, ...] = (
 )
 
 
-def seeded_uids(rows: int, seed: int, step: int) -> np.ndarray:
+#: the stages of one generation round of a step with dynamic sampling (DAPO), in run order: they
+#: produce and score the samples before the groups are filtered
+GENERATION_STAGES: tuple[Stage, ...] = (
+    ROLLOUT_STAGE,
+    BASELINE_ROLLOUT_STAGE,
+    PPO_REWARD_STAGE,
+    BASELINE_REWARD_STAGE,
+)
+#: the stages of such a step after the kept groups are assembled into the training batch
+TRAINING_STAGES: tuple[Stage, ...] = tuple(s for s in PPO_STAGES if s not in GENERATION_STAGES)
+
+
+def seeded_uids(rows: int, seed: int, step: int, gen_round: int = 1) -> np.ndarray:
     """(rows,) object array of uuid4-form strings derived from (seed, step, row): the same step
     of the same run gets the same prompt groups in every process, so its input artifact — and
-    every cache key downstream — repeats when the run is trained again or resumed.
+    every cache key downstream — repeats when the run is trained again or resumed. Generation
+    round ``gen_round`` > 1 of a step (dynamic sampling) hashes the round too, so no two rounds
+    share a uid.
 
     >>> a, b = seeded_uids(2, 42, 1), seeded_uids(2, 42, 1)
     >>> bool((a == b).all()), a[0] != a[1], seeded_uids(1, 42, 2)[0] != a[0]
     (True, True, True)
+    >>> seeded_uids(1, 42, 1, gen_round=2)[0] != a[0]
+    True
     """
     out = []
+    round_part = "" if gen_round == 1 else f"\nround{gen_round}"
     for row in range(rows):
-        digest = hashlib.sha256(f"ppoflow-uid-v1\n{seed}\n{step}\n{row}".encode()).digest()
+        text = f"ppoflow-uid-v1\n{seed}\n{step}\n{row}{round_part}"
+        digest = hashlib.sha256(text.encode()).digest()
         out.append(str(uuid.UUID(bytes=digest[:16], version=4)))
     return np.array(out, dtype=object)
 
@@ -110,6 +128,7 @@ def make_step_input(
     global_steps: int,
     kl_coef: float | None = None,
     uid_seed: int | None = None,
+    gen_round: int = 1,
 ) -> DataProto:
     """The step's input batch from a loader batch of B_p prompts: B = B_p · n rows.
 
@@ -120,16 +139,20 @@ def make_step_input(
     ``input_ids`` / ``attention_mask`` / ``position_ids`` are renamed ``prompt_*`` so the
     rollout's full-sequence tensors of the same names do not clash with them. meta_info:
     ``temperature`` (rollout.temperature), ``global_steps`` and, with KL in the reward,
-    ``kl_coef`` (the controller's β for this step). ``prompts`` is not modified.
+    ``kl_coef`` (the controller's β for this step) and, in generation round ``gen_round`` > 1 of
+    dynamic sampling, ``gen_round`` (the round's own uids and sampling seed). ``prompts`` is not
+    modified.
     """
     tensors = {new: prompts.batch[old] for new, old in PROMPT_KEYS.items()}
     non_tensors = dict(prompts.non_tensor_batch)
     non_tensors[K.UID] = (
         fresh_uids(len(prompts))
         if uid_seed is None
-        else seeded_uids(len(prompts), uid_seed, global_steps)
+        else seeded_uids(len(prompts), uid_seed, global_steps, gen_round)
     )
     meta_info = {K.TEMPERATURE: float(temperature), K.GLOBAL_STEPS: int(global_steps)}
+    if gen_round != 1:
+        meta_info[K.GEN_ROUND] = int(gen_round)
     if kl_coef is not None:
         meta_info[K.KL_COEF] = float(kl_coef)
     step_input = DataProto(

@@ -42,7 +42,16 @@ from stages.agent.rollout import agent_rollout, tool_modules, uses_agent_loop
 from stages.agent.scoring import score_whole_rollout, scores_in_rollout, scoring_keys
 from stages.algos.advantages import ADV_ESTIMATORS
 from stages.engine_calls import run_engine
-from stages.stage import DerivedKey, Stage, StageContext, non_tensor, step_seed, tensor
+from stages.stage import (
+    DerivedKey,
+    Stage,
+    StageContext,
+    meta,
+    non_tensor,
+    round_purpose,
+    step_seed,
+    tensor,
+)
 
 #: the rollout's output keys (what the engine returns and the stage keeps)
 ROLLOUT_KEYS = (
@@ -70,10 +79,12 @@ def generation_prompts(batch: DataProto) -> DataProto:
     )
 
 
-def sampling_seed(ctx: StageContext) -> int:
-    """The rollout's seed in this step: ``step_seed(trainer.seed, step, "rollout")``, so the
-    step samples the same responses in an uninterrupted run, a resumed one and a re-run."""
-    return step_seed(ctx.config.trainer.seed, ctx.step, "rollout")
+def sampling_seed(ctx: StageContext, batch: DataProto) -> int:
+    """The rollout's seed in this step: ``step_seed(trainer.seed, step, "rollout")`` (in
+    generation round r > 1 of dynamic sampling, purpose ``rollout/round<r>``:
+    :func:`~stages.stage.round_purpose`), so the step samples the same responses in an
+    uninterrupted run, a resumed one and a re-run."""
+    return step_seed(ctx.config.trainer.seed, ctx.step, round_purpose("rollout", batch))
 
 
 def rollout_fn(batch: DataProto, ctx: StageContext) -> DataProto:
@@ -98,7 +109,7 @@ def _one_call_rollout(batch: DataProto, ctx: StageContext) -> DataProto:
         "generate_sequences",
         generation_prompts(batch),
         validate=False,
-        seed=sampling_seed(ctx),
+        seed=sampling_seed(ctx, batch),
     )
     missing = [key for key in ROLLOUT_KEYS if key not in out.batch]
     if missing:
@@ -192,6 +203,7 @@ ROLLOUT_STAGE = Stage(
         non_tensor(K.REWARD_MODEL),
         non_tensor(K.UID),
         non_tensor(K.RAW_PROMPT),
+        meta(K.GEN_ROUND),
     ),
     extra_outputs=("batch", "non_tensor_batch", "meta_info"),
     code_modules=tool_modules,

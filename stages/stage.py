@@ -208,6 +208,18 @@ def step_seed(seed: int, step: int, purpose: str) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "big") >> 1
 
 
+def round_purpose(purpose: str, batch: DataProto) -> str:
+    """``purpose`` in generation round ``meta_info["gen_round"]`` of a step with dynamic sampling
+    (DAPO): unchanged in round 1 (or without the key), ``<purpose>/round<r>`` after, so each
+    round of a step samples with its own seed (:func:`step_seed`).
+
+    >>> round_purpose("rollout", DataProto.from_dict(meta_info={"gen_round": 2}))
+    'rollout/round2'
+    """
+    gen_round = int(batch.meta_info.get("gen_round", 1))
+    return purpose if gen_round == 1 else f"{purpose}/round{gen_round}"
+
+
 def _all_keys(batch: DataProto) -> set[str]:
     keys = set(batch.non_tensor_batch) | set(batch.meta_info)
     if batch.batch is not None:

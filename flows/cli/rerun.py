@@ -56,6 +56,14 @@ def rerun_command(
     refresh: Annotated[
         bool, typer.Option("--refresh", help="Recompute even the stages whose cache still holds")
     ] = False,
+    gen_round: Annotated[
+        int | None,
+        typer.Option(
+            "--round",
+            help="With dynamic sampling (algorithm.filter_groups): re-run this generation "
+            "round's stages (rollout, reward) instead of the step's training stages",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Recompute stages of a past step into a new run dir and diff its metrics; the last line
@@ -65,7 +73,14 @@ def rerun_command(
     with quiet_prefect(verbose), config_messages():
         try:
             result = rerun(
-                run_dir, step, from_stage, to_stage, overrides or [], new_run_dir, refresh
+                run_dir,
+                step,
+                from_stage,
+                to_stage,
+                overrides or [],
+                new_run_dir,
+                refresh,
+                gen_round=gen_round,
             )
         except Exception as err:
             raise fail_in_one_line(err, verbose, usage_errors=(ValueError, ConfigError)) from None

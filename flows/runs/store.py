@@ -347,7 +347,8 @@ class RunStore:
     def remove_temp_files(self) -> list[str]:
         """Delete what interrupted writes left in a local run directory (``.tmp-*`` files of the
         journals and JSON records, ``.<stage>.tmp-*`` artifact folders in the step folders) and
-        in its cache directory (``.<key>.tmp-*`` files of the stage-task cache records and their
+        in the generation rounds' folders ``step_<k>/round_<r>`` (dynamic sampling), and in its
+        cache directory (``.<key>.tmp-*`` files of the stage-task cache records and their
         ``refs/``); returns their paths. Call it only while holding the run's lock
         (flows/runs/lock.py): another writer's temporaries look the same."""
         if not self.is_local or not os.path.isdir(self.root):
@@ -357,6 +358,8 @@ class RunStore:
             *root.glob(".tmp-*"),
             *root.glob("step_*/.tmp-*"),
             *root.glob("step_*/.*.tmp-*"),
+            *root.glob("step_*/round_*/.tmp-*"),  # a generation round's (flows/gen_rounds.py)
+            *root.glob("step_*/round_*/.*.tmp-*"),
             *cache.glob(".*.tmp-*"),
             *cache.glob("*/.*.tmp-*"),
         ]

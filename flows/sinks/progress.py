@@ -147,6 +147,15 @@ class Progress:
         self._start_bar(completed=step)
         self.console.print(line.replace("validation", "[bold]validation[/]", 1))
 
+    def warning(self, line: str) -> None:
+        """A warning line about the run (a step without learning signal): logged at WARNING,
+        and printed above the bar when enabled."""
+        if self.logger is not None:
+            self.logger.warning(line)
+        if not self.enabled:
+            return
+        self.console.print(f"[bold yellow]warning[/]: {line}")
+
     def step(self, step: int, metrics: dict[str, float]) -> None:
         self.step_times.append(metrics.get("timing_s/step", float("nan")))
         fields = step_fields(metrics, self.eta_seconds(step))

@@ -32,7 +32,7 @@ from stages.agent.metrics import agent_metrics
 from stages.agent.scoring import REWARD_LOOP_ENGINE, RolloutScorer, scored_delta, scores_in_rollout
 from stages.agent.trajectory import trajectories_to_batch
 from stages.engine_calls import get_engine, run_engine
-from stages.stage import StageContext, step_seed
+from stages.stage import StageContext, round_purpose, step_seed
 
 AGENT_ENGINE = "agent"  # ctx.engines key of the AgentRuntime
 TOOL_AGENT = "tool_agent"
@@ -210,14 +210,20 @@ def _left_padded(contexts: Sequence[list[int]], pad_id: int) -> DataProto:
 
 
 def engine_generate(
-    ctx: StageContext, pad_id: int, eos_ids: frozenset[int], validate: bool = False
+    ctx: StageContext,
+    pad_id: int,
+    eos_ids: frozenset[int],
+    validate: bool = False,
+    base: str = "rollout",
 ):
-    """A :data:`stages.agent.loop.GenerateFn` on the actor engine, seeded per round."""
+    """A :data:`stages.agent.loop.GenerateFn` on the actor engine, seeded per round; ``base``
+    is the first turn's seed purpose (``rollout``; ``rollout/round<r>`` in generation round
+    r > 1 of dynamic sampling, :func:`~stages.stage.round_purpose`)."""
     rounds = iter(range(1 << 30))
 
     def generate(contexts: list[list[int]], max_new_tokens: int) -> list[GeneratedTurn]:
         k = next(rounds)
-        purpose = "rollout" if k == 0 else f"rollout/turn{k}"
+        purpose = base if k == 0 else f"{base}/turn{k}"
         out = run_engine(
             ctx,
             "actor",
@@ -348,7 +354,9 @@ def agent_rollout(
     run_agent_loop(
         trajectories,
         limits,
-        generate=engine_generate(ctx, tokenizer.pad_token_id, runtime.eos_ids, validate),
+        generate=engine_generate(
+            ctx, tokenizer.pad_token_id, runtime.eos_ids, validate, round_purpose("rollout", batch)
+        ),
         parse=runtime.parse,
         run_tools=runtime.sandbox.run,
         tool_turn_ids=runtime.chat_delta.tool_turn_ids,

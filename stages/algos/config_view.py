@@ -27,6 +27,7 @@ from typing import Any
 
 from stages.algos.defaults import (
     ALGORITHM_DEFAULTS,
+    FILTER_GROUPS_DEFAULTS,
     KL_CTRL_DEFAULTS,
     ROLLOUT_CORRECTION_DEFAULTS,
 )
@@ -42,7 +43,13 @@ def algorithm_defaults() -> Mapping[str, Any]:
     ``"kl_coef"``: the KL controllers receive the ``kl_ctrl`` section itself).
     """
     defaults: dict[str, Any] = {}
-    for table in (ALGORITHM_DEFAULTS, KL_CTRL_DEFAULTS, ROLLOUT_CORRECTION_DEFAULTS):
+    tables = (
+        ALGORITHM_DEFAULTS,
+        KL_CTRL_DEFAULTS,
+        ROLLOUT_CORRECTION_DEFAULTS,
+        FILTER_GROUPS_DEFAULTS,
+    )
+    for table in tables:
         for leaf, value in table.items():
             assert leaf not in defaults, f"algorithm leaf {leaf!r} is not unique"
             defaults[leaf] = value

@@ -53,6 +53,11 @@ ROLLOUT_CORRECTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
     }
 )
 
+#: ``algorithm.filter_groups.*``: DAPO's dynamic sampling (verl's YAML defaults)
+FILTER_GROUPS_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {"enable": False, "metric": "reward", "max_num_gen_batches": 0}
+)
+
 #: ``actor_rollout_ref.actor.*`` read by the policy losses and the actor loss's extra terms
 #: (``clip_ratio_low`` / ``clip_ratio_high`` None: each falls back to ``clip_ratio``)
 ACTOR_LOSS_DEFAULTS: Mapping[str, Any] = MappingProxyType(

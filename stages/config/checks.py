@@ -19,6 +19,8 @@ from stages.algos.advantages import ADV_ESTIMATORS
 from stages.algos.aggregation import AGG_LOSS_MODES
 from stages.algos.defaults import ROLLOUT_CORRECTION_DEFAULTS
 from stages.algos.kl_control import KL_CONTROLLERS
+from stages.config.checks_dapo import dynamic_sampling_problems, overlong_problems
+from stages.config.checks_lora import lora_problems, lora_warnings
 from stages.config.derived import is_critic_used
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 
@@ -41,6 +43,9 @@ def cross_field_problems(cfg: PPORunConfig) -> list[str]:
         *_engine_problems(cfg),
         *_trainer_problems(cfg),
         *_reward_problems(cfg),
+        *dynamic_sampling_problems(cfg),
+        *overlong_problems(cfg),
+        *lora_problems(cfg),
     ]
 
 
@@ -286,9 +291,15 @@ def cross_field_warnings(cfg: PPORunConfig) -> list[str]:
             "ratio already is π_θ/π_rollout, as in verl); set bypass_mode = false to multiply them "
             "into the loss, or loss_type = 'reinforce'"
         )
+    fg = algo.filter_groups
+    if fg.max_num_gen_batches and not fg.enable:
+        warnings.append(
+            f"algorithm.filter_groups.max_num_gen_batches = {fg.max_num_gen_batches} has no "
+            "effect while algorithm.filter_groups.enable = false (one generation round per step)"
+        )
     if cfg.critic.enable and not estimator.needs_values:
         warnings.append(
             f"critic.enable = true with algorithm.adv_estimator = {algo.adv_estimator!r}: the "
             "critic is trained but its values do not enter the advantages"
         )
-    return warnings
+    return warnings + lora_warnings(cfg)

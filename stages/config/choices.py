@@ -29,6 +29,7 @@ from stages.algos.kl import kl_penalty_names, unavailable_kl_penalties
 from stages.algos.policy_loss_config import POLICY_LOSSES
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 from stages.engines.worker_group import WORKER_BACKENDS
+from stages.reward.managers import REWARD_MANAGERS
 
 
 def check_registered(
@@ -76,6 +77,10 @@ def _rollout_backend(name: str) -> str:
     return check_registered(name, ROLLOUT_BACKENDS.names(), "rollout backend")
 
 
+def _reward_manager(name: str) -> str:
+    return check_registered(name, REWARD_MANAGERS.names(), "reward manager")
+
+
 def _worker_backend(name: str) -> str:
     return check_registered(name, WORKER_BACKENDS.names(), "worker backend")
 
@@ -91,3 +96,5 @@ KlEstimatorName = Annotated[str, AfterValidator(_kl_penalty)]
 RolloutBackendName = Annotated[str, AfterValidator(_rollout_backend)]
 #: ``ppoflow.workers.backend``: a name in ``stages.engines.worker_group.WORKER_BACKENDS``
 WorkerBackendName = Annotated[str, AfterValidator(_worker_backend)]
+#: ``reward.reward_manager.name``: a name in ``stages.reward.managers.REWARD_MANAGERS``
+RewardManagerName = Annotated[str, AfterValidator(_reward_manager)]

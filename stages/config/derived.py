@@ -18,6 +18,7 @@ from pydantic import Field
 from stages.algos.advantages import ADV_ESTIMATORS
 from stages.algos.aggregation import AGG_LOSS_MODES
 from stages.config._base import ConfigModel
+from stages.engines.adapters import adapter_settings
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 
 if TYPE_CHECKING:
@@ -38,6 +39,9 @@ class DerivedConfig(ConfigModel):
     )
     use_reference_policy: bool = Field(
         description="algorithm.use_kl_in_reward or actor.use_kl_loss (bool)"
+    )
+    reference_in_actor: bool = Field(
+        description="The reference log-probs come from the actor's module with its LoRA adapters off (its variant's reference_is_base, stages.engines.adapters): no reference model is built; verl's ref_in_actor (bool)"
     )
     use_rm: bool = Field(description="reward.reward_model.enable (bool)")
     dp_size: int = Field(description="trainer.n_gpus_per_node × trainer.nnodes (ranks)")
@@ -109,7 +113,10 @@ def fill_inherited(cfg: Run) -> Run:
             "actor_rollout_ref": arr,
             "critic": _fill_critic(cfg, actor, dp_size),
             "algorithm": _fill_algorithm(cfg),
-            "data": _fill(cfg.data, seed=cfg.trainer.seed),
+            "data": _fill(
+                cfg.data, seed=cfg.trainer.seed, gen_batch_size=cfg.data.train_batch_size
+            ),
+            "reward": _fill_reward(cfg),
             "trainer": _fill(
                 cfg.trainer,
                 default_local_dir=f"checkpoints/{cfg.trainer.project_name}/{cfg.trainer.experiment_name}",
@@ -129,6 +136,14 @@ def _fill_algorithm(cfg: RunSchema) -> ConfigModel:
     if correction is algorithm.rollout_correction:
         return algorithm
     return algorithm.model_copy(update={"rollout_correction": correction})
+
+
+def _fill_reward(cfg: RunSchema) -> ConfigModel:
+    """``reward.overlong_buffer.max_resp_len`` null: ``data.max_response_length``."""
+    buffer = _fill(cfg.reward.overlong_buffer, max_resp_len=cfg.data.max_response_length)
+    if buffer is cfg.reward.overlong_buffer:
+        return cfg.reward
+    return cfg.reward.model_copy(update={"overlong_buffer": buffer})
 
 
 def _fill_critic(cfg: RunSchema, actor: ActorConfig, dp_size: int) -> CriticConfig:
@@ -178,6 +193,7 @@ def compute_derived(cfg: PPORunConfig, warnings: Iterable[str]) -> DerivedConfig
     return DerivedConfig(
         use_critic=is_critic_used(cfg),
         use_reference_policy=cfg.algorithm.use_kl_in_reward or actor.use_kl_loss,
+        reference_in_actor=is_reference_in_actor(cfg),
         use_rm=cfg.reward.reward_model.enable,
         dp_size=dp_size,
         rollout_batch_size=cfg.data.train_batch_size * n,
@@ -194,6 +210,14 @@ def compute_derived(cfg: PPORunConfig, warnings: Iterable[str]) -> DerivedConfig
         else critic_per_rank // critic.ppo_micro_batch_size_per_gpu,
         warnings=tuple(warnings),
     )
+
+
+def is_reference_in_actor(cfg: PPORunConfig) -> bool:
+    """The actor trains LoRA adapters whose variant switches off to the base
+    (``AdapterVariantSpec.reference_is_base``): its reference policy is its own module with the
+    adapters off, whether or not a KL term uses it (verl's ``ref_in_actor``)."""
+    adapter = adapter_settings(cfg.actor_rollout_ref.model, "actor_rollout_ref.model")
+    return adapter is not None and adapter.spec.reference_is_base
 
 
 def is_critic_used(cfg: PPORunConfig) -> bool:

@@ -118,3 +118,11 @@ __all__ = [
     "sibling_keys",
     "suggest",
 ]
+
+
+class ConfigWarning(UserWarning):
+    """A legal config setting that is probably a mistake (e.g. GRPO with rollout.n = 1)."""
+
+
+class ConfigNotice(UserWarning):
+    """How a verl setting was read: a verl key mapped to ppoflow's, or one with no effect."""

@@ -33,11 +33,10 @@ from pydantic import ValidationError
 from stages.config.errors import ConfigError, dotted, format_validation_error
 from stages.config.interpolation import iter_leaves, missing_values, resolve_interpolations
 from stages.config.overrides import Override, parse_one, parse_overrides
+from stages.config.paths import resolve_config_path
 from stages.config.root import CROSS_FIELD_ERROR, ConfigNotice, PPORunConfig
 from stages.config.verl_keys import schema_defaults, translate_verl_keys
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIGS_DIR = REPO_ROOT / "configs"
 BASE_KEY = "base"
 
 
@@ -130,23 +129,6 @@ def yaml_problem(err: yaml.YAMLError, where: str) -> str:
     elif context:
         line += f" ({context})"
     return line
-
-
-def resolve_config_path(name: str | Path) -> Path:
-    """A config file path, or a name in the repo's configs/ ('grpo' or 'grpo.yaml')."""
-    path = Path(name).expanduser()
-    if path.is_file():
-        return path
-    for candidate in (CONFIGS_DIR / str(name), CONFIGS_DIR / f"{name}.yaml"):
-        if candidate.is_file():
-            return candidate
-    known = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
-    raise ConfigError(
-        [
-            f"config file not found: {str(name)!r} (not a file here, nor in {CONFIGS_DIR}; packaged configs: {known})"
-        ],
-        str(name),
-    )
 
 
 Layer = tuple[str, dict[str, Any]]  # (name for messages, tree)

@@ -23,19 +23,12 @@ from pydantic_core import PydanticCustomError
 
 from stages.config.checks import cross_field_problems, cross_field_warnings
 from stages.config.derived import DerivedConfig, compute_derived, fill_inherited
+from stages.config.errors import ConfigNotice, ConfigWarning
 from stages.config.schema_run import RunSchema
 from stages.config.verl_keys import translate_verl_keys
 from stages.plugins import import_plugins
 
 CROSS_FIELD_ERROR = "cross_field"
-
-
-class ConfigWarning(UserWarning):
-    """A legal config setting that is probably a mistake (e.g. GRPO with rollout.n = 1)."""
-
-
-class ConfigNotice(UserWarning):
-    """How a verl setting was read: a verl key mapped to ppoflow's, or one with no effect."""
 
 
 class PPORunConfig(RunSchema):
@@ -88,17 +81,24 @@ class PPORunConfig(RunSchema):
         return copy.deepcopy(self._source)
 
     def steps_per_epoch(self, train_dataset_len: int) -> int:
-        """Training steps in one epoch: ``len // data.train_batch_size`` (the loader drops the last
-        partial batch, as verl's does).
+        """Training steps in one epoch: ``len // data.gen_batch_size`` (the loader's batches; the
+        last partial one is dropped, as verl's loader does). gen_batch_size is train_batch_size
+        unless DAPO's dynamic sampling draws larger rounds; then, as in verl's DAPO recipe, an
+        epoch counts its generation batches (a step may use several).
 
         >>> PPORunConfig().steps_per_epoch(2500)
         2
         """
-        steps = train_dataset_len // self.data.train_batch_size
+        train, size = (
+            self.data.train_batch_size,
+            self.data.gen_batch_size or self.data.train_batch_size,
+        )
+        steps = train_dataset_len // size
         if steps < 1:
+            key = "data.train_batch_size" if size == train else "data.gen_batch_size"
             raise ValueError(
                 f"the training set has {train_dataset_len} rows, fewer than one batch of "
-                f"data.train_batch_size = {self.data.train_batch_size}; lower the batch size or add data"
+                f"{key} = {size}; lower the batch size or add data"
             )
         return steps
 

@@ -19,12 +19,14 @@ from stages.algos.defaults import ACTOR_LOSS_DEFAULTS, POLICY_LOSS_DEFAULTS
 from stages.config._base import ConfigModel, Dtype, LossAggMode
 from stages.config.choices import KlEstimatorName, PolicyLossName, RolloutBackendName
 from stages.config.schema_agent import AgentConfig, MultiTurnConfig
+from stages.config.schema_lora import LoraKeys
 
 AttnImplementation = Literal["eager", "sdpa", "flash_attention_2"]
 
 
-class ModelConfig(ConfigModel):
-    """The Hugging Face model shared by actor, rollout and reference policy."""
+class ModelConfig(LoraKeys):
+    """The Hugging Face model shared by actor, rollout and reference policy, and its LoRA keys
+    (``stages.config.schema_lora``: with adapters the reference is this model with them off)."""
 
     path: str = Field(
         "~/models/deepseek-llm-7b-chat",

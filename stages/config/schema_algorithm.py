@@ -22,6 +22,7 @@ from pydantic import (
 
 from stages.algos.defaults import (
     ALGORITHM_DEFAULTS,
+    FILTER_GROUPS_DEFAULTS,
     KL_CTRL_DEFAULTS,
     ROLLOUT_CORRECTION_DEFAULTS,
 )
@@ -146,6 +147,26 @@ class RolloutCorrectionConfig(ConfigModel):
         return None if value is None else ",".join(str(format_bounds(b)) for b in value)
 
 
+class FilterGroupsConfig(ConfigModel):
+    """DAPO's dynamic sampling: generate rounds of data.gen_batch_size prompts and keep the prompt
+    groups whose metric has non-zero spread until data.train_batch_size groups are kept."""
+
+    enable: bool = Field(
+        FILTER_GROUPS_DEFAULTS["enable"],
+        description="Filter out groups whose metric is the same for every sample (population std 0; a one-sample group is kept) and generate more rounds until data.train_batch_size groups are kept (bool)",
+    )
+    metric: str = Field(
+        FILTER_GROUPS_DEFAULTS["metric"],
+        min_length=1,
+        description="What is compared within a group: a name in stages.filter_metrics.FILTER_METRICS (reward or seq_reward: the score Σ rm_scores, overlong penalty included, no KL) or a reward extra every scorer returns (e.g. acc); a name no scorer returns stops the run at the first generation round (name)",
+    )
+    max_num_gen_batches: int = Field(
+        FILTER_GROUPS_DEFAULTS["max_num_gen_batches"],
+        ge=0,
+        description="Generation rounds one step may run; reaching it without data.train_batch_size kept groups ends the run with an error naming it; 0 = no limit [ppoflow: verl 0.9.1's v1 buffer ignores it] (rounds)",
+    )
+
+
 class AlgorithmConfig(ConfigModel):
     """Advantage estimation and the KL penalty applied to rewards."""
 
@@ -174,4 +195,8 @@ class AlgorithmConfig(ConfigModel):
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=RolloutCorrectionConfig,
         description="Rollout correction of the rollout engine's log-probs: importance weights, rejection sampling, bypass mode (section)",
+    )
+    filter_groups: FilterGroupsConfig = Field(
+        default_factory=FilterGroupsConfig,
+        description="DAPO's dynamic sampling (filter groups) (section)",
     )

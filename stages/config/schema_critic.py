@@ -12,10 +12,12 @@ from pydantic import Field
 
 from stages.config._base import ConfigModel, Dtype, LossAggMode
 from stages.config.schema_actor import AttnImplementation, OptimConfig
+from stages.config.schema_lora import LoraKeys
 
 
-class CriticModelConfig(ConfigModel):
-    """The value model: a causal LM whose head is replaced by a scalar value head."""
+class CriticModelConfig(LoraKeys):
+    """The value model: a causal LM whose head is replaced by a scalar value head; its LoRA keys
+    are its own (``stages.config.schema_lora``; the value head trains beside the adapters)."""
 
     path: str | None = Field(
         None, description="Model directory or hub id; null = actor_rollout_ref.model.path (path)"

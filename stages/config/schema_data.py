@@ -48,6 +48,11 @@ class DataConfig(ConfigModel):
     train_batch_size: int = Field(
         1024, ge=1, description="Prompts per training step, before rollout.n repeats (prompts)"
     )
+    gen_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Prompts per generation round with algorithm.filter_groups.enable (DAPO's dynamic sampling; the loader hands out batches of this size and the epoch length counts them); ≥ train_batch_size; null = train_batch_size (prompts)",
+    )
     val_batch_size: int | None = Field(
         None,
         ge=1,

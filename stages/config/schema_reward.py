@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from stages.config._base import ConfigModel
+from stages.config.choices import RewardManagerName
 
 
 class CustomRewardFunctionConfig(ConfigModel):
@@ -39,6 +40,42 @@ class RewardModelConfig(ConfigModel):
     combine: Literal["replace", "sum"] = Field(
         "replace",
         description="With the reward model on: replace = its score only as in verl, sum = plus the per-sample scorer's [ppoflow-only] (replace|sum)",
+    )
+
+
+class RewardManagerConfig(ConfigModel):
+    """Which of verl's reward managers the per-sample scoring follows."""
+
+    name: RewardManagerName = Field(
+        "naive",
+        description="A name in stages.reward.managers.REWARD_MANAGERS: naive (the scorer's score) or dapo (the score plus reward.overlong_buffer's penalty when enabled) (name)",
+    )
+
+
+class OverlongBufferConfig(ConfigModel):
+    """DAPO's soft overlong punishment (verl's reward.reward_kwargs.overlong_buffer_cfg):
+    penalty = min(-(L - (max_resp_len - len)) / len · penalty_factor, 0) added to the score of a
+    response of L valid tokens."""
+
+    enable: bool = Field(
+        False, description="Add the overlong penalty; needs reward_manager.name = dapo (bool)"
+    )
+    len: int = Field(
+        0,
+        ge=0,
+        description="The buffer: the last tokens before max_resp_len in which the penalty grows from 0 to -penalty_factor; > 0 and ≤ max_resp_len when enabled (tokens)",
+    )
+    penalty_factor: float = Field(
+        1.0, ge=0, description="The penalty at max_resp_len is -penalty_factor (reward)"
+    )
+    log: bool = Field(
+        False,
+        description="Add the reward extras overlong_reward (the penalty) and overlong (penalty < 0) per sample (bool)",
+    )
+    max_resp_len: int | None = Field(
+        None,
+        ge=1,
+        description="The response length the penalty reaches -penalty_factor at (verl's reward_kwargs.max_resp_len); null = data.max_response_length (tokens)",
     )
 
 
@@ -89,4 +126,11 @@ class RewardConfig(ConfigModel):
     )
     reward_model: RewardModelConfig = Field(
         default_factory=RewardModelConfig, description="Batch reward model (section)"
+    )
+    reward_manager: RewardManagerConfig = Field(
+        default_factory=RewardManagerConfig, description="verl's reward manager (section)"
+    )
+    overlong_buffer: OverlongBufferConfig = Field(
+        default_factory=OverlongBufferConfig,
+        description="DAPO's overlong reward shaping (section)",
     )

@@ -162,13 +162,34 @@ def is_schema_key(key: str) -> bool:
     return key in _schema_keys()
 
 
+@functools.cache
+def _schema_sections() -> frozenset[str]:
+    """The ppoflow keys that are sections (a key below them exists)."""
+    keys = _schema_keys()
+    return frozenset(k.rsplit(".", 1)[0] for k in keys if "." in k)
+
+
+def reads_as_schema(key: str) -> bool:
+    """A ppoflow key taken as it is: not a ppoflow section that verl's older releases set as a
+    value and a rename maps (``reward.reward_manager: naive`` → ``reward.reward_manager.name``).
+
+    >>> reads_as_schema("reward.reward_manager.name"), reads_as_schema("reward.reward_manager")
+    (True, False)
+    """
+    if not is_schema_key(key):
+        return False
+    if key not in _schema_sections():
+        return True
+    return not any(pattern.match(key) for pattern, _ in _table()["rename"])
+
+
 def rule_for(key: str) -> Rule | None:
     """The fate of a key that is not a ppoflow key, or None when verl has no such key either.
 
     >>> rule_for("actor_rollout_ref.actor.fsdp_config.param_offload").target
     'actor_rollout_ref.actor.param_offload'
-    >>> rule_for("actor_rollout_ref.model.lora_rank").why
-    'LoRA adapters'
+    >>> rule_for("actor_rollout_ref.model.lora.a2a_experimental").why
+    "Megatron's all-to-all LoRA communication"
     >>> rule_for("trainer.totl_epochs") is None
     True
     """
@@ -244,7 +265,7 @@ class _Translator:
 
     def run(self) -> Translation:
         leaves = list(iter_leaves(self.tree))
-        if all(is_schema_key(k) and translate_value(k, v)[1] is None for k, v in leaves):
+        if all(reads_as_schema(k) and translate_value(k, v)[1] is None for k, v in leaves):
             self.out.tree = dict(self.tree)  # nothing to translate (every config ppoflow wrote)
             self.out.report = [_row(k, v, Fate.PPOFLOW, k) for k, v in leaves]
             return self.out
@@ -281,7 +302,7 @@ class _Translator:
         return False
 
     def leaf(self, key: str, value: Any) -> None:
-        if is_schema_key(key):
+        if reads_as_schema(key):
             mapped, why = translate_value(key, value)
             if why is not None and self.layer(key) >= self.loud_from:
                 self.out.notices.append(f"{key} = {value!r} is read as {mapped!r} ({why})")

@@ -78,11 +78,13 @@ def load_split(
 
 
 def train_loader(data: DataConfig, dataset: PromptDataset) -> StatefulPromptLoader:
-    """The training loader: data.train_batch_size prompts per batch, the last partial batch
-    dropped (verl), shuffled by data.seed, collated in data.dataloader_num_workers processes."""
+    """The training loader: data.gen_batch_size prompts per batch (= data.train_batch_size
+    without DAPO's dynamic sampling; with it, one batch per generation round, so the loader's
+    position counts every prompt drawn), the last partial batch dropped (verl), shuffled by
+    data.seed, collated in data.dataloader_num_workers processes."""
     return StatefulPromptLoader(
         dataset,
-        data.train_batch_size,
+        data.gen_batch_size or data.train_batch_size,
         shuffle=data.shuffle,
         seed=data.seed,
         num_workers=data.dataloader_num_workers,

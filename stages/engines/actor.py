@@ -14,7 +14,7 @@ from tensordict import TensorDict
 from torch import Tensor
 
 from dataproto import DataProto, keys
-from stages.algos.actor_loss import compute_actor_loss
+from stages.algos.actor_loss import ActorLossTerms, compute_actor_loss
 from stages.algos.aggregation import GlobalBatchInfo, aggregate_loss
 from stages.algos.micro_batch import restore_order
 from stages.algos.rollout_correction import RolloutCorrectionSettings
@@ -98,12 +98,18 @@ def update_actor(
     each micro-batch's per-token policy loss; bypass mode's settings in
     ``meta_info["rollout_correction"]`` make the policy loss bypass mode's, and its
     ``rollout_corr/*`` metrics are averaged over micro-batches like the clip fractions.
+
+    Entropy: with ``needs_entropy`` each micro-batch's forward also gives the token entropy and
+    ``actor/entropy`` is logged (summed over micro-batches under the global denominators, then
+    averaged over mini-batches); with ``entropy_coeff`` 0 it is measured only, detached from the
+    loss (no gradient flows through it).
     """
     correction = batch.meta_info.get(keys.ROLLOUT_CORRECTION)
     micro_loss = functools.partial(
         actor_micro_loss,
         temperature=float(batch.meta_info.get(keys.TEMPERATURE, 1.0)),
         needs_entropy=needs_entropy,
+        entropy_in_loss=ActorLossTerms.resolve(loss_config).entropy_coeff != 0,
         loss_config=loss_config,
         rollout_correction=None
         if correction is None
@@ -123,12 +129,16 @@ def actor_micro_loss(
     needs_entropy: bool,
     loss_config: Any,
     rollout_correction: RolloutCorrectionSettings | None = None,
+    entropy_in_loss: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The policy loss of one micro-batch of b rows (``compute_actor_loss`` under ``info``): the
     (b, R) log-probs (and entropies when asked) at ``temperature`` through ``engine``, against
     ``old_log_probs``, ``advantages``, ``response_mask`` and, when present, ``ref_log_prob`` and
-    ``rollout_is_weights``; bypass mode's loss with ``rollout_correction``."""
+    ``rollout_is_weights``; bypass mode's loss with ``rollout_correction``. Without
+    ``entropy_in_loss`` the entropies are detached: measured for ``actor/entropy`` only."""
     log_prob, entropy = _forward_logprobs(engine, micro, temperature, needs_entropy)
+    if entropy is not None and not entropy_in_loss:
+        entropy = entropy.detach()
     return compute_actor_loss(
         log_prob,
         micro[keys.OLD_LOG_PROBS],

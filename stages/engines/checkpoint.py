@@ -10,8 +10,14 @@ latest_checkpointed_iteration.txt`` = N. One role's checkpoint directory holds:
 - ``rng_state_rank{r}.pt`` — python / numpy / torch CPU / CUDA generator states of rank r, tensors
   and plain numbers only (read back with ``torch.load(weights_only=True)``);
 - ``client_state.json`` — the caller's small state (step counters, data-loader position, …);
-- ``ppoflow_checkpoint.json`` — the role's manifest (format, world size, ZeRO stage), written
-  last.
+- ``ppoflow_checkpoint.json`` — the role's manifest (format, world size, ZeRO stage; with LoRA
+  the ``adapter`` record: its settings and the base model's fingerprint), written last.
+
+With LoRA adapters (``stages.engines.adapters``) ``state/`` holds the adapter parameters (and a
+critic's value head) and their optimizer state only: the frozen base is not saved
+(DeepSpeed's ``exclude_frozen_parameters``), it is the model directory the engine is built from,
+and a load checks that the engine's adapter record — the base model's fingerprint included — is
+the checkpoint's.
 
 The step above the roles gets its own manifest, the digest of every file of every role
 (``stages/engines/checkpoint_manifest.py``), which the flows check before a load
@@ -42,7 +48,7 @@ import os
 import random
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -139,10 +145,17 @@ def prune_checkpoints(root: str | Path, keep_last: int | None) -> list[Path]:
 
 
 def save_engine_checkpoint(
-    engine, directory: str | Path, *, client_state: dict[str, Any] | None = None
+    engine,
+    directory: str | Path,
+    *,
+    client_state: dict[str, Any] | None = None,
+    adapter: dict[str, Any] | None = None,
 ) -> Path:
     """Save weights, optimizer, LR scheduler, RNG states and ``client_state`` (JSON-serialisable)
-    to ``directory`` atomically, replacing an existing checkpoint there. Returns ``directory``."""
+    to ``directory`` atomically, replacing an existing checkpoint there. Returns ``directory``.
+
+    ``adapter``: the engine trains LoRA adapters (``roles.adapter_record``): only its trainable
+    parameters are saved, and the manifest records it."""
     directory = Path(directory)
     client_json = _client_state_json(client_state)
     rng_state = capture_rng_state()  # before DeepSpeed's save can touch any generator
@@ -153,8 +166,15 @@ def save_engine_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)  # a leftover of an interrupted save
     _barrier()
     try:
-        with naming_failed_writes(partial), _python_file_writes(engine):
-            engine.save_checkpoint(str(partial), tag=STATE_TAG, client_state={}, save_latest=False)
+        trainable_only = _trainable_state_only(engine) if adapter is not None else nullcontext()
+        with naming_failed_writes(partial), _python_file_writes(engine), trainable_only:
+            engine.save_checkpoint(
+                str(partial),
+                tag=STATE_TAG,
+                client_state={},
+                save_latest=False,
+                exclude_frozen_parameters=adapter is not None,
+            )
         save_torch_file(rng_state, partial / _rng_file(rank))
         if rank == 0:
             _write_text(partial / CLIENT_STATE, client_json)
@@ -167,6 +187,7 @@ def save_engine_checkpoint(
                 "zero_stage": int(engine.zero_optimization_stage()),
                 "deepspeed_tag": STATE_TAG,
                 "lr_scheduler": scheduler is not None,
+                "adapter": adapter,
             }
             _barrier()  # every rank's files are in before the manifest marks the save complete
             _write_text(partial / MANIFEST, json.dumps(manifest, indent=2))
@@ -181,9 +202,12 @@ def save_engine_checkpoint(
     return directory
 
 
-def load_engine_checkpoint(engine, directory: str | Path) -> dict[str, Any]:
+def load_engine_checkpoint(
+    engine, directory: str | Path, *, adapter: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Restore what :func:`save_engine_checkpoint` wrote into ``engine`` (built with the same
-    settings and world size) and this process's RNG states; returns the client_state."""
+    settings and world size, and the same ``adapter`` record: the same LoRA settings on the same
+    base model) and this process's RNG states; returns the client_state."""
     directory = Path(directory)
     manifest = _read_manifest(directory)
     saved = (manifest.get("world_size"), manifest.get("zero_stage"), manifest.get("lr_scheduler"))
@@ -193,7 +217,8 @@ def load_engine_checkpoint(engine, directory: str | Path) -> dict[str, Any]:
             f"checkpoint {directory} was saved with (world_size, zero_stage, lr_scheduler)="
             f"{saved}; this engine has {here}. Load it into an engine built with the same settings."
         )
-    _load_deepspeed_state(engine, directory, manifest["deepspeed_tag"])
+    check_adapter_record(directory, manifest.get("adapter"), adapter)
+    _load_deepspeed_state(engine, directory, manifest["deepspeed_tag"], adapter is not None)
     scheduler = _lr_scheduler(engine)
     if scheduler is not None:
         scheduler.load_state_dict(weights_only_load(directory / LR_SCHEDULER))
@@ -202,13 +227,46 @@ def load_engine_checkpoint(engine, directory: str | Path) -> dict[str, Any]:
     return client_state
 
 
-def _load_deepspeed_state(engine, directory: Path, tag: str) -> None:
+def check_adapter_record(
+    directory: Path, saved: dict[str, Any] | None, here: dict[str, Any] | None
+) -> None:
+    """The checkpoint's adapter record is the engine's: both full training, or the same LoRA
+    settings on a base model with the same fingerprint (one line naming what differs)."""
+    if saved == here:
+        return
+    if saved is None or here is None:
+        kinds = ("full weights", "LoRA adapters")
+        raise ValueError(
+            f"checkpoint {directory} holds {kinds[saved is not None]}, but this engine trains "
+            f"{kinds[here is not None]}; load it with the LoRA keys of the run that saved it"
+        )
+    differ = sorted(k for k in {*saved, *here} if saved.get(k) != here.get(k))
+    if "base_model" in differ:
+        raise ValueError(
+            f"checkpoint {directory} holds LoRA adapters trained on another base model "
+            f"(fingerprint {saved.get('base_model')}; this model.path has {here.get('base_model')}); "
+            "build the run on the base model it was trained on"
+        )
+    raise ValueError(
+        f"checkpoint {directory} holds LoRA adapters with other settings "
+        f"({', '.join(f'{k}: {saved.get(k)!r} there, {here.get(k)!r} here' for k in differ)}); "
+        "load it with the LoRA keys of the run that saved it"
+    )
+
+
+def _load_deepspeed_state(engine, directory: Path, tag: str, adapters_only: bool) -> None:
     """``engine.load_checkpoint`` through the weights-only reader; DeepSpeed's own failures
-    (a bare ``StopIteration`` or ``KeyError`` from a damaged optimizer state) become one line."""
+    (a bare ``StopIteration`` or ``KeyError`` from a damaged optimizer state) become one line.
+    ``adapters_only``: the module file holds the trainable parameters only (the frozen base is
+    the engine's own), so the module is loaded non-strictly."""
     install_weights_only_loader(engine)
     try:
         load_path, _ = engine.load_checkpoint(
-            str(directory), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+            str(directory),
+            tag=tag,
+            load_module_strict=not adapters_only,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
         )
     except CheckpointIntegrityError:
         raise
@@ -378,6 +436,27 @@ class _PythonFileCheckpointEngine:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+@contextmanager
+def _trainable_state_only(engine) -> Iterator[None]:
+    """Within the block ``engine``'s module state dict holds its trainable parameters only.
+    DeepSpeed's ``exclude_frozen_parameters`` drops the frozen ones it finds by name in
+    ``named_parameters()``, which lists a tied parameter once: the tied output head
+    (``lm_head.weight``, the frozen embedding matrix) would stay in every adapter checkpoint."""
+    module_state_dict = engine.module_state_dict
+
+    def trainable(*args: Any, **kwargs: Any) -> Any:
+        state = module_state_dict(*args, **kwargs)
+        params = engine.module.named_parameters(remove_duplicate=False)
+        frozen = {name for name, param in params if not param.requires_grad}
+        return type(state)((name, value) for name, value in state.items() if name not in frozen)
+
+    engine.module_state_dict = trainable
+    try:
+        yield
+    finally:
+        del engine.module_state_dict  # the class's method again
 
 
 @contextmanager

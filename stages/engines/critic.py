@@ -122,21 +122,24 @@ class ValueModel(nn.Module):
         self.backbone = backbone
         self.layout = layout
 
+    @property
+    def hf_model(self) -> nn.Module:
+        """The Hugging Face model: ``backbone`` itself, or under LoRA adapters the model PEFT
+        wraps (its layers adapted, its value head the trained copy)."""
+        get_base = getattr(self.backbone, "get_base_model", None)
+        return get_base() if callable(get_base) else self.backbone
+
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, response_length: int
     ) -> Tensor:
         """(B, T) inputs → (B, R) float32 values V(s_t) for the R response positions; the forward
         runs in ``layout`` (``stages.engines.response_hidden``), and response columns it did not
         compute (padding in every row; packed: after a row's last real token) get 0."""
+        model = self.hf_model
         hidden, real = response_hidden_states(
-            self.backbone.base_model,
-            input_ids,
-            attention_mask,
-            position_ids,
-            response_length,
-            self.layout,
+            model.base_model, input_ids, attention_mask, position_ids, response_length, self.layout
         )  # (B, R', H)
-        values = value_head(self.backbone)(hidden).squeeze(-1).float()  # (B, R')
+        values = value_head(model)(hidden).squeeze(-1).float()  # (B, R')
         if real is not None:
             values = values.where(real, 0.0)
         return pad_response_columns(values, response_length)  # (B, R)

@@ -19,6 +19,13 @@ from torch import Tensor
 
 from dataproto import DataProto, keys
 from stages.engines.actor import PPOUpdateSettings, compute_log_prob, update_actor
+from stages.engines.adapters import (
+    adapter_settings,
+    adapters_off,
+    merged_named_weights,
+    weights_fingerprint,
+    with_adapters,
+)
 from stages.engines.batching import MicroBatching
 from stages.engines.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from stages.engines.critic import ValueModel, compute_values, update_critic
@@ -133,17 +140,32 @@ def with_metrics(batch: DataProto | None, metrics: dict[str, Any]) -> DataProto:
 
 
 class _CheckpointMixin:
-    """``save_checkpoint`` / ``load_checkpoint`` of a worker holding a DeepSpeed ``engine``."""
+    """``save_checkpoint`` / ``load_checkpoint`` of a worker holding a DeepSpeed ``engine``;
+    ``adapter``: what its LoRA adapters record (None: full training), see :func:`adapter_record`."""
 
     engine: Any
+    adapter: dict[str, Any] | None = None
 
     def save_checkpoint(self, directory: str, client_state: dict[str, Any] | None = None) -> str:
-        """Weights, optimizer, lr schedule and RNG states to ``directory`` (atomic)."""
-        return str(save_engine_checkpoint(self.engine, directory, client_state=client_state))
+        """Weights (the adapters only, with adapters), optimizer, lr schedule and RNG states to
+        ``directory`` (atomic)."""
+        return str(
+            save_engine_checkpoint(
+                self.engine, directory, client_state=client_state, adapter=self.adapter
+            )
+        )
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restore what :meth:`save_checkpoint` wrote; returns its client_state."""
-        return load_engine_checkpoint(self.engine, directory)
+        return load_engine_checkpoint(self.engine, directory, adapter=self.adapter)
+
+
+def adapter_record(settings: Any, model_path: str) -> dict[str, Any] | None:
+    """What a role's checkpoint records of its adapters: their settings and the fingerprint of
+    the base model they sit on (``adapters.weights_fingerprint``); None without adapters."""
+    if settings is None:
+        return None
+    return {**settings.record(), "base_model": weights_fingerprint(model_path)}
 
 
 def vllm_kv_cache_bytes(rollout: Any, hf_config: Any) -> int:
@@ -168,13 +190,19 @@ class ActorWorker(_CheckpointMixin):
 
         self.config = config
         model_cfg, actor = config.actor_rollout_ref.model, config.actor_rollout_ref.actor
-        lm = load_causal_lm(
-            model_cfg.path,
-            dtype=model_cfg.dtype,
-            attn_implementation=model_cfg.attn_implementation,
-            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
-            trust_remote_code=model_cfg.trust_remote_code,
+        adapter = adapter_settings(model_cfg, "actor_rollout_ref.model")
+        lm = with_adapters(
+            load_causal_lm(
+                model_cfg.path,
+                dtype=model_cfg.dtype,
+                attn_implementation=model_cfg.attn_implementation,
+                gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+                trust_remote_code=model_cfg.trust_remote_code,
+            ),
+            adapter,
+            "CAUSAL_LM",
         )
+        self.adapter = adapter_record(adapter, model_cfg.path)
         self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path)
         settings = engine_settings(actor, actor.optim, model_cfg.dtype, total_training_steps)
         self.engine = initialize_engine(
@@ -197,8 +225,25 @@ class ActorWorker(_CheckpointMixin):
 
     @property
     def lm(self) -> torch.nn.Module:
-        """The Hugging Face model inside the engine (generation, export, weight sync)."""
+        """The Hugging Face model inside the engine (generation, export, weight sync); with LoRA
+        the PEFT model wrapping it (generating with its adapters on)."""
         return self.engine.module.lm
+
+    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        """Delta: ``ref_log_prob`` (B, R) at meta_info temperature, from this actor's own module
+        with its LoRA adapters off: the base model (``derived.reference_in_actor``; ref.*
+        micro-batching). An actor without adapters refuses: its reference is a model of its own."""
+        self.engine.eval()
+        try:
+            with adapters_off(self.lm):
+                delta, _ = compute_log_prob(
+                    self.engine,
+                    on_device(batch, device_of(self.engine)),
+                    log_prob_micro_batching(self.config.actor_rollout_ref.ref),
+                )
+        finally:
+            self.engine.train()
+        return ref_log_prob_delta(delta)
 
     def compute_log_prob(self, batch: DataProto) -> DataProto:
         """Delta: ``old_log_probs`` (B, R) and ``entropys`` (B, R) at meta_info temperature."""
@@ -218,7 +263,9 @@ class ActorWorker(_CheckpointMixin):
         """One training step's PPO update; metrics (``actor/*``) in meta_info; then the lr
         schedule advances by one step."""
         actor = self.config.actor_rollout_ref.actor
-        needs_entropy = actor.entropy_coeff != 0 or actor.calculate_entropy
+        # bypass mode runs no old_log_prob pass, which measures actor/entropy: the update does
+        bypass = bool(self.config.algorithm.rollout_correction.bypass_mode)
+        needs_entropy = actor.entropy_coeff != 0 or actor.calculate_entropy or bypass
         metrics = update_actor(
             self.engine,
             on_device(batch, device_of(self.engine)),
@@ -318,7 +365,12 @@ class ActorWorker(_CheckpointMixin):
         engine. Under ZeRO-3 each parameter is gathered alone and copied out of the gather before
         it is yielded, so at most one full parameter beyond this rank's partition is held at a
         time (every rank must read the stream to its end, in the same order: each gather is a
-        collective); otherwise the parameters themselves are yielded (no copy)."""
+        collective); otherwise the parameters themselves are yielded (no copy). With LoRA
+        adapters: the base model's names, each adapted weight merged, W + (α/r)·B·A, into a new
+        tensor (``adapters.merged_named_weights``; adapter and base untouched)."""
+        if self.adapter is not None:
+            yield from merged_named_weights(self.lm, self._gather())
+            return
         if self.engine.zero_optimization_stage() != 3:
             for name, param in self.lm.named_parameters():
                 yield name, param.detach()
@@ -329,6 +381,14 @@ class ActorWorker(_CheckpointMixin):
             with deepspeed.zero.GatheredParameters([param]):
                 full = param.detach().clone()
             yield name, full
+
+    def _gather(self):
+        """ZeRO-3: ``GatheredParameters`` (a context over a list of parameters); else None."""
+        if self.engine.zero_optimization_stage() != 3:
+            return None
+        import deepspeed
+
+        return lambda params: deepspeed.zero.GatheredParameters(params)
 
     @contextmanager
     def full_parameters(self):
@@ -367,12 +427,17 @@ class RefWorker:
             on_device(batch, device_of(self.model)),
             log_prob_micro_batching(self.config.actor_rollout_ref.ref),
         )
-        logprobs = delta.batch[keys.OLD_LOG_PROBS].cpu()
-        return DataProto(
-            batch=TensorDict({keys.REF_LOG_PROB: logprobs}, batch_size=[len(logprobs)]),
-            non_tensor_batch={},
-            meta_info={},
-        )
+        return ref_log_prob_delta(delta)
+
+
+def ref_log_prob_delta(delta: DataProto) -> DataProto:
+    """A log-prob pass's ``old_log_probs`` (B, R), on the host, as the ``ref_log_prob`` delta."""
+    logprobs = delta.batch[keys.OLD_LOG_PROBS].cpu()
+    return DataProto(
+        batch=TensorDict({keys.REF_LOG_PROB: logprobs}, batch_size=[len(logprobs)]),
+        non_tensor_batch={},
+        meta_info={},
+    )
 
 
 class CriticWorker(_CheckpointMixin):
@@ -381,13 +446,19 @@ class CriticWorker(_CheckpointMixin):
     def __init__(self, config: Any, *, total_training_steps: int) -> None:
         self.config = config
         critic = config.critic
-        backbone = load_value_model(
-            critic.model.path,
-            dtype=critic.model.dtype,
-            attn_implementation=critic.model.attn_implementation,
-            gradient_checkpointing=critic.model.enable_gradient_checkpointing,
-            trust_remote_code=critic.model.trust_remote_code,
+        adapter = adapter_settings(critic.model, "critic.model")
+        backbone = with_adapters(
+            load_value_model(
+                critic.model.path,
+                dtype=critic.model.dtype,
+                attn_implementation=critic.model.attn_implementation,
+                gradient_checkpointing=critic.model.enable_gradient_checkpointing,
+                trust_remote_code=critic.model.trust_remote_code,
+            ),
+            adapter,
+            "TOKEN_CLS",
         )
+        self.adapter = adapter_record(adapter, critic.model.path)
         settings = engine_settings(critic, critic.optim, critic.model.dtype, total_training_steps)
         self.engine = initialize_engine(
             ValueModel(backbone, forward_layout(critic.model.use_remove_padding)), settings

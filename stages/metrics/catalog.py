@@ -95,6 +95,8 @@ _RS_TOKENS_OR_ROWS = (
     "response tokens (token_* options) or non-empty responses (seq_* options)" + _RC_WHERE
 )
 
+_SIGNAL = "train flow, from the training batch (stages/metrics/signal.py)"
+_ROUNDS = "train flow's generation rounds (flows/gen_rounds.py)"
 _ENTRIES = [
     # --- compute_data_metrics ---
     (
@@ -223,11 +225,15 @@ _ENTRIES = [
     ),
     (
         "actor/entropy",
-        "Mean token entropy of the current policy, measured in the old_log_prob pass; not "
-        "logged when that pass does not run (algorithm.rollout_correction.bypass_mode, the hf "
-        "rollout's default).",
-        "the actor's loss_agg_mode over the whole batch's response tokens (dp = 1)",
-        "old_log_prob",
+        "Mean token entropy of the policy. Measured in the old_log_prob pass (the old policy) "
+        "when it runs; with algorithm.rollout_correction.bypass_mode (the hf rollout's default) "
+        "that pass does not run and the update's own forward measures it (detached from the "
+        "loss when entropy_coeff is 0): the first mini-batch at the old policy, later ones after "
+        "the step's earlier optimizer steps.",
+        "old_log_prob: the actor's loss_agg_mode over the whole batch's response tokens (dp = 1); "
+        "update: the loss_agg_mode over each mini-batch's response tokens, averaged over "
+        "mini-batches",
+        "old_log_prob, else update_actor",
     ),
     (
         "actor/entropy_loss",
@@ -626,6 +632,55 @@ _ENTRIES = [
         "one sample: the mean of the readings over ppoflow.mlflow_system_metrics_interval_s seconds",
         "mlflow sink (mlflow.system_metrics)",
     ),
+    # --- learning signal (stages/metrics/signal.py) and dynamic sampling (flows/gen_rounds.py) ---
+    (
+        "signal/zero_reward_spread_group_frac",
+        "Fraction of prompt groups whose samples all got the same score (seq_scores: Σ_t rm_scores, before any KL; population std 0): with a group-relative estimator their advantages are 0. Logged every step, with or without dynamic sampling.",
+        "groups of the training batch with ≥ 2 samples (signal/multi_sample_groups); NaN if none (rollout.n = 1)",
+        _SIGNAL,
+    ),
+    (
+        "signal/multi_sample_groups",
+        "Prompt groups of the training batch with at least 2 samples: the denominator of signal/zero_reward_spread_group_frac.",
+        "none (a count of groups)",
+        _SIGNAL,
+    ),
+    (
+        "signal/zero_adv_sample_frac",
+        "Fraction of samples whose advantage is 0 at every response token; 1.0 = the policy gradient of the step is zero (a warning line says so).",
+        "samples with ≥ 1 response token (signal/response_samples); NaN if none",
+        _SIGNAL,
+    ),
+    (
+        "signal/response_samples",
+        "Samples of the training batch with at least one response token: the denominator of signal/zero_adv_sample_frac.",
+        "none (a count of samples)",
+        _SIGNAL,
+    ),
+    (
+        "train/num_gen_batches",
+        "Generation rounds the step ran (verl's DAPO recipe's name): 1 without dynamic sampling, else the rounds of data.gen_batch_size prompts it took to keep data.train_batch_size groups.",
+        "none (a count of rounds)",
+        _SIGNAL,
+    ),
+    (
+        "training/filter_groups/generated_samples",
+        "Samples generated over the step's generation rounds (dynamic sampling only).",
+        "none (a count of samples)",
+        _ROUNDS,
+    ),
+    (
+        "training/filter_groups/evicted_samples",
+        "Samples of the groups dynamic sampling dropped (filter_groups.metric had zero spread), over the step's rounds (verl 0.9.1's name).",
+        "none (a count of samples)",
+        _ROUNDS,
+    ),
+    (
+        "training/filter_groups/discarded_surplus_samples",
+        "Samples of kept groups trimmed off because more than data.train_batch_size groups were kept (the last rounds' surplus; verl 0.9.1's name).",
+        "none (a count of samples)",
+        _ROUNDS,
+    ),
     (
         "reward_model/num_pad_rows",
         "Padding rows added so the batch divides over the reward model's ranks (excluded from every score).",
@@ -657,6 +712,16 @@ STEP_METRICS = {
         "reward/invalid_count",
         "training/global_step",
         "training/epoch",
+        "signal/zero_reward_spread_group_frac",
+        "signal/multi_sample_groups",
+        "signal/zero_adv_sample_frac",
+        "signal/response_samples",
+        "train/num_gen_batches",
+    ),
+    "filter_groups": (
+        "training/filter_groups/generated_samples",
+        "training/filter_groups/evicted_samples",
+        "training/filter_groups/discarded_surplus_samples",
     ),
     "actor_update": (
         "timing_s/update_actor",
@@ -666,6 +731,7 @@ STEP_METRICS = {
         "actor/lr",
     ),
     "old_log_prob_recompute": ("actor/entropy",),
+    "entropy_in_update": ("actor/entropy",),
     "balance": ("timing_s/balance", "global_seqlen/{seqlen_stat}"),
     "critic": (
         "critic/values/{stat}",
@@ -738,6 +804,7 @@ def step_metric_names(
     recomputes_old_log_probs: bool = True,
     rollout_correction: bool = False,
     rollout_is: bool = False,
+    filter_groups: bool = False,
 ) -> list[str]:
     """The names a PPO step with these settings logs every step (:data:`STEP_METRICS`).
 
@@ -746,9 +813,11 @@ def step_metric_names(
     ``updates_actor`` is False for the steps before ``trainer.critic_warmup``; ``remax`` is the
     estimator entry's ``needs_greedy_baseline`` (ReMax's baseline stages run);
     ``recomputes_old_log_probs`` is ``not algorithm.rollout_correction.bypass_mode`` (the actor's
-    old_log_prob pass, which measures ``actor/entropy``, runs); ``rollout_correction`` is the same
+    old_log_prob pass, which measures ``actor/entropy``, runs; without it the actor's update
+    measures it); ``rollout_correction`` is the same
     condition for the rollout_correction stage's mismatch metrics, and ``rollout_is`` adds the
-    rollout_is stage's weight metrics (decoupled mode with ``rollout_is``). Multi-turn and
+    rollout_is stage's weight metrics (decoupled mode with ``rollout_is``); ``filter_groups``
+    adds dynamic sampling's counts (``algorithm.filter_groups.enable``). Multi-turn and
     tool-call statistics, validation and MFU metrics are not every-step metrics and are not listed.
 
     Example:
@@ -767,8 +836,10 @@ def step_metric_names(
         "kl_loss": use_kl_loss and updates_actor,
         "remax": remax,
         "old_log_prob_recompute": recomputes_old_log_probs,
+        "entropy_in_update": updates_actor and not recomputes_old_log_probs,
         "rollout_correction": rollout_correction,
         "rollout_is": rollout_is,
+        "filter_groups": filter_groups,
     }
     return [
         name

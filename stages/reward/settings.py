@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dataproto import keys as K
+from stages.reward.managers import REWARD_MANAGERS
+from stages.reward.overlong import OverlongBuffer
 
 #: how the reward model's score and the rule-based score combine when both run
 Combine = Literal["replace", "sum"]
@@ -41,6 +43,8 @@ class RewardSettings:
     reward_model_trust_remote_code: let the reward model run its own modelling code.
     combine: with the reward model enabled, ``replace`` uses its score alone (verl); ``sum`` adds
         the rule-based (loop) score to it.
+    overlong: DAPO's overlong shaping added to every score (``stages.reward.overlong``), None
+        when the reward manager does not apply it or it is off.
     """
 
     num_workers: int = 8
@@ -59,6 +63,7 @@ class RewardSettings:
     reward_model_micro_batch: int | None = None
     reward_model_trust_remote_code: bool = False
     combine: Combine = "replace"
+    overlong: OverlongBuffer | None = None
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -125,6 +130,12 @@ CONFIG_KEYS = (
     "reward.reward_model.trust_remote_code",
     "reward.reward_model.combine",
     "data.reward_fn_key",
+    "reward.reward_manager.name",
+    "reward.overlong_buffer.enable",
+    "reward.overlong_buffer.len",
+    "reward.overlong_buffer.penalty_factor",
+    "reward.overlong_buffer.log",
+    "reward.overlong_buffer.max_resp_len",
 )
 #: config paths naming files the reward stage reads: the custom reward file, the reward model
 #: directory, the tokenizer that decodes responses; their contents enter the cache key
@@ -158,4 +169,15 @@ def settings_from_sections(reward: Any, data: Any) -> RewardSettings:
         reward_model_trust_remote_code=reward.reward_model.trust_remote_code,
         combine=reward.reward_model.combine,
         reward_fn_key=data.reward_fn_key,
+        overlong=overlong_buffer(reward),
     )
+
+
+def overlong_buffer(reward: Any) -> OverlongBuffer | None:
+    """The overlong shaping of a ``reward`` section, when on and applied by its manager."""
+    buffer = reward.overlong_buffer
+    if not (
+        buffer.enable and REWARD_MANAGERS.get(reward.reward_manager.name).reads_overlong_buffer
+    ):
+        return None
+    return OverlongBuffer(True, buffer.len, buffer.penalty_factor, buffer.log, buffer.max_resp_len)

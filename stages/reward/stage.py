@@ -10,6 +10,9 @@ Which route scores (``RewardSettings``):
 - reward model enabled, ``combine = "replace"`` → the reward model alone (route B, as verl);
 - reward model enabled, ``combine = "sum"`` → reward-model score + loop score, per row.
 
+With ``reward.overlong_buffer`` applied (the ``dapo`` manager), DAPO's overlong penalty is added
+to ``s_i`` (``stages.reward.overlong``; extras ``overlong_reward`` / ``overlong`` with its ``log``).
+
 Either way the row score ``s_i`` goes to ``rm_scores[i, L_i - 1]`` (nothing for ``L_i = 0``).
 
 Delta produced: ``rm_scores`` (B, R) float32, ``seq_scores`` (B,) float32 (``s_i``, also for
@@ -34,6 +37,7 @@ import torch
 from dataproto import DataProto
 from dataproto import keys as K
 from stages.reward.loop import RewardLoop
+from stages.reward.overlong import shape_overlong
 from stages.reward.placement import assemble_rm_scores
 from stages.reward.reward_model import RewardModel
 from stages.reward.settings import CONFIG_KEYS, FILE_KEYS, RewardSettings, settings_from_config
@@ -105,6 +109,12 @@ def compute_reward(
         ScorerFailureError: the loop's stop rule (module docstring).
     """
     if not needs_scoring(batch):
+        if settings.overlong is not None:
+            raise ValueError(
+                "reward.overlong_buffer.enable = true, but the rollout scored this batch itself "
+                "(reward.score_in_rollout): the overlong penalty with the rollout's own scoring is "
+                "not implemented; set reward.score_in_rollout = false"
+            )
         return _given_scores_delta(batch), {"reward/skipped": 1.0}
     start = time.perf_counter()
     metrics: dict[str, float] = {}
@@ -120,6 +130,10 @@ def compute_reward(
         extras = result.extras
         metrics.update({f"reward/{status}_count": float(n) for status, n in result.counts.items()})
     responses = batch.batch[K.RESPONSES]  # (B, R)
+    if settings.overlong is not None:  # DAPO's overlong shaping (stages/reward/overlong.py)
+        lengths = batch.batch[K.ATTENTION_MASK][:, -responses.shape[1] :].sum(-1)  # (B,) L_i
+        seq_scores, overlong_extras = shape_overlong(seq_scores, lengths, settings.overlong)
+        extras = {**extras, **overlong_extras}
     rm_scores, placed = placed_scores(seq_scores, batch.batch[K.ATTENTION_MASK], responses.shape[1])
     metrics |= placed
     metrics["reward/time_s"] = time.perf_counter() - start

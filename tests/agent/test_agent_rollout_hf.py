@@ -99,8 +99,8 @@ def forced_tool_call(actor, monkeypatch):
         actor.tokenizer.eos_token_id,
     ]
 
-    def engine_generate(ctx, pad_id, eos_ids, validate=False):
-        sample = real(ctx, pad_id, eos_ids, validate)
+    def engine_generate(ctx, pad_id, eos_ids, validate=False, base="rollout"):
+        sample = real(ctx, pad_id, eos_ids, validate, base)
         rounds = []
 
         def generate(contexts, max_new_tokens):

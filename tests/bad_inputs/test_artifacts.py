@@ -46,7 +46,7 @@ CASES = [
      f"{REWARD}/tensors.safetensors", "truncate", ["inspect", "{art}"], 1,
      ["{art}/tensors.safetensors: "]),
     ("truncated-manifest", "`inspect ART`, a truncated manifest.json", f"{REWARD}/manifest.json",
-     "truncate", ["inspect", "{art}"], 1, ["{art}/manifest.json: unreadable manifest (Unterminated"]),
+     "truncate", ["inspect", "{art}"], 1, ["{art}/manifest.json: unreadable manifest ("]),
     ("manifest-not-ppoflow", "`inspect ART`, a manifest.json of another format",
      f"{REWARD}/manifest.json", lambda path: path.write_text("{}"), ["inspect", "{art}"], 1,
      ["{art}/manifest.json: format None, expected 'ppoflow-dataproto'"]),

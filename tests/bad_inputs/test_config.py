@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.config.loading import CONFIGS_DIR
+from stages.config.paths import CONFIGS_DIR
 
 DEMO = CONFIGS_DIR / "demo-cpu.yaml"
 #: the config argument is a file that does not exist
@@ -79,10 +79,10 @@ CASES = [
      ["override 'trainer.seed=1,2': a comma-separated value is a Hydra sweep", "[a,b]"]),
     ("delete-missing", "`~key` of a key the config does not set", None, ["~trainer.nope"],
      ["override '~trainer.nope': trainer.nope is not set in the config, so there is nothing"]),
-    ("verl-unsupported", "a verl key ppoflow does not support (LoRA)", None,
-     ["actor_rollout_ref.model.lora_rank=8"],
-     ["actor_rollout_ref.model.lora_rank = 8: verl feature not supported by ppoflow (LoRA "
-      "adapters); remove the line (verl's default: 0)"]),
+    ("verl-unsupported", "a verl key ppoflow does not support (Ulysses)", None,
+     ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+     ["actor_rollout_ref.actor.ulysses_sequence_parallel_size = 2: verl feature not supported by ppoflow "
+      "(Ulysses sequence parallelism); remove the line (verl's default: 1)"]),
     ("interpolation-in-file", "config file: `${…}` to a key that does not exist",
      yaml_file("trainer:\n  experiment_name: ${trainer.nope}\n"), [],
      ["trainer.experiment_name: cannot resolve '${trainer.nope}'", "'trainer.nope' not found"]),
@@ -93,6 +93,20 @@ CASES = [
      [], ["data.train_files: '???' marks a value that must be set; set data.train_files=…"]),
     ("unset-override", "override to `???`", None, ["data.train_files=???"],
      ["data.train_files: '???' marks a value that must be set"]),
+    ("dapo-gen-batch-too-small", "DAPO: `data.gen_batch_size` below `data.train_batch_size`",
+     None, ["algorithm.filter_groups.enable=true", "data.gen_batch_size=32"],
+     ["data.gen_batch_size = 32 is smaller than data.train_batch_size = 64",
+      "set gen_batch_size ≥ 64"]),
+    ("dapo-round-limit-unreachable", "DAPO: a round limit with one sample per prompt (nothing "
+     "is ever filtered)", None,
+     ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=5",
+      "actor_rollout_ref.rollout.n=1"],
+     ["algorithm.filter_groups.enable = true with actor_rollout_ref.rollout.n = 1",
+      "max_num_gen_batches = 5 could never be reached", "set n ≥ 2"]),
+    ("dapo-overlong-without-manager", "DAPO: the overlong buffer with verl's naive reward "
+     "manager", None, ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=4"],
+     ["reward.overlong_buffer.enable = true but reward.reward_manager.name = 'naive' does not "
+      "apply it", "set reward.reward_manager.name = 'dapo'"]),
     ("two-problems", "two bad overrides: both reported in one round", None,
      ["trainer.nope=1", "data.train_batch_size=x"], ["(demo-cpu + 2 overrides): 2 problems"]),
 ]  # fmt: skip

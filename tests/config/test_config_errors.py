@@ -169,8 +169,8 @@ BAD_OVERRIDES = {
         ["trainer.project_name: cannot resolve", "PPOFLOW_TEST_UNSET_VARIABLE"],
     ),
     "verl feature switched on": (
-        ["actor_rollout_ref.model.lora_rank=8"],
-        ["actor_rollout_ref.model.lora_rank = 8", "verl feature not supported", "LoRA"],
+        ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+        ["actor_rollout_ref.actor.ulysses_sequence_parallel_size = 2", "verl feature not supported", "Ulysses"],
     ),
     "unknown key in a verl section": (
         ["actor_rollout_ref.actor.fsdp_config.param_ofload=true"],
@@ -207,7 +207,7 @@ def test_every_problem_is_listed_once_in_one_message() -> None:
                 "trainer.totl=1",
                 "actor_rollout_ref.rollout.n=x",
                 "trainer.logger=[a",
-                "actor_rollout_ref.model.lora_rank=8",
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
             ],
         )
     problems = info.value.problems
@@ -215,7 +215,7 @@ def test_every_problem_is_listed_once_in_one_message() -> None:
     assert str(info.value).startswith("invalid config (defaults + 6 overrides): 6 problems")
     assert {p.split(":")[0].split(" ")[0] for p in problems} == {
         "override",
-        "actor_rollout_ref.model.lora_rank",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
         "trainer.total_epochs",
         "data.truncation",
         "trainer.totl",

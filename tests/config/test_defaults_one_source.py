@@ -17,7 +17,12 @@ from stages.algos.config_view import algorithm_defaults
 from stages.algos.policy_loss_config import PolicyLossSettings, resolve_policy_loss_config
 from stages.config import PPORunConfig, load_config
 from stages.config.schema_actor import ActorConfig, PolicyLossConfig
-from stages.config.schema_algorithm import AlgorithmConfig, KlCtrlConfig, RolloutCorrectionConfig
+from stages.config.schema_algorithm import (
+    AlgorithmConfig,
+    FilterGroupsConfig,
+    KlCtrlConfig,
+    RolloutCorrectionConfig,
+)
 from stages.config.verl_keys import schema_defaults
 
 #: each table of stages.algos.defaults and the schema section whose defaults it is
@@ -25,6 +30,7 @@ TABLES = [
     (defaults.ALGORITHM_DEFAULTS, AlgorithmConfig),
     (defaults.KL_CTRL_DEFAULTS, KlCtrlConfig),
     (defaults.ROLLOUT_CORRECTION_DEFAULTS, RolloutCorrectionConfig),
+    (defaults.FILTER_GROUPS_DEFAULTS, FilterGroupsConfig),
     (defaults.ACTOR_LOSS_DEFAULTS, ActorConfig),
     (defaults.POLICY_LOSS_DEFAULTS, PolicyLossConfig),
 ]

@@ -3,7 +3,7 @@
 The walk visits every leaf of ``PPORunConfig`` (a field that is not itself a section) and looks for
 a read of it in the project's code outside the schema definitions: ``dataproto/``, ``stages/`` and
 ``flows/``, without ``stages/config/schema_*.py`` (where the fields are declared),
-``stages/config/checks.py`` (a cross-field check validates a value, it does not use it),
+``stages/config/checks.py`` and ``checks_dapo.py`` (a cross-field check validates a value, it does not use it),
 ``aliases.py`` (legacy key names), ``errors.py`` and ``render.py`` (generic messages and YAML).
 Comments and docstrings are never read: the search is over the syntax tree.
 
@@ -68,6 +68,7 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("dataproto", "stages", "flows")
 NOT_READERS = {
     "stages/config/checks.py",
+    "stages/config/checks_dapo.py",
     "stages/config/aliases.py",
     "stages/config/errors.py",
     "stages/config/render.py",

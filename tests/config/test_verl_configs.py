@@ -373,10 +373,10 @@ def test_ppo_script_older_critic_fsdp_block_is_read(tmp_path):
 def test_features_ppoflow_lacks_are_named_all_in_one_round(tmp_path):
     overrides = [
         *script_overrides(GRPO_SCRIPT, tmp_path),
-        "actor_rollout_ref.model.lora_rank=64",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
         "actor_rollout_ref.rollout.multi_turn.function_tool_path=x.py",
-        "algorithm.filter_groups.enable=True",
-        "reward.reward_manager.name=dapo",
+        "algorithm.filter_groups.max_inflight_gen_batches=4",
+        "reward.reward_manager.source=importlib",
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
         "actor_rollout_ref.actor.clip_ratio_hgh=0.28",
         "trainer.total_epochs=0",
@@ -386,14 +386,14 @@ def test_features_ppoflow_lacks_are_named_all_in_one_round(tmp_path):
     problems = info.value.problems
     unsupported = [p for p in problems if "verl feature not supported by ppoflow" in p]
     assert sorted(p.split(" = ")[0] for p in unsupported) == [
-        "actor_rollout_ref.model.lora_rank",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
         "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space",
         "actor_rollout_ref.rollout.multi_turn.function_tool_path",
-        "algorithm.filter_groups.enable",
-        "reward.reward_manager.name",
+        "algorithm.filter_groups.max_inflight_gen_batches",
+        "reward.reward_manager.source",
     ]
     assert all("remove the line" in p for p in unsupported)
-    assert any("LoRA adapters" in p for p in unsupported)
+    assert any("Ulysses sequence parallelism" in p for p in unsupported)
     assert any(
         p.startswith("actor_rollout_ref.actor.clip_ratio_hgh: unknown key; did you mean 'clip_ratio_high'")
         for p in problems

@@ -75,8 +75,8 @@ def test_vllm_agent_rollout_is_token_exact(setup, monkeypatch):
     ]
     real = agent_rollout_module.engine_generate
 
-    def engine_generate(ctx, pad_id, eos_ids, validate=False):
-        sample, rounds = real(ctx, pad_id, eos_ids, validate), []
+    def engine_generate(ctx, pad_id, eos_ids, validate=False, base="rollout"):
+        sample, rounds = real(ctx, pad_id, eos_ids, validate, base), []
 
         def generate(contexts, max_new_tokens):
             rounds.append(1)

@@ -9,13 +9,20 @@ The toy step (x is the input tensor, uid the input group ids):
     total     total = Σ_row s (non-tensor); metric toy/total_mean = mean(total)
 
 Every stage function counts its calls in ``calls`` so a test can prove a cache hit did no work.
+
+Also ``process_groups``: the process-group helpers of the slow tests that run ``ppoflow`` in
+subprocesses and kill them (test_kill_matrix.py, test_agent_kill_resume.py, ...).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,3 +127,93 @@ def prefect_harness():
         temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
     ):
         yield
+
+
+# --- process groups of the slow subprocess tests --------------------------------------------------
+
+
+class ProcessGroups:
+    """Run commands as the leaders of new process groups and watch the groups (from /proc).
+
+    ``run_timeout_s``: how long :meth:`run_group` lets a command run; ``poll_s``: how often
+    :meth:`wait_until_gone` looks.
+    """
+
+    def __init__(self, run_timeout_s: float = 600, poll_s: float = 0.05) -> None:
+        self.run_timeout_s, self.poll_s = run_timeout_s, poll_s
+
+    @staticmethod
+    def is_live(pid: int) -> bool:
+        """Whether ``pid`` runs and is not a zombie (read from /proc)."""
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat[stat.rindex(")") + 2] not in "ZX"
+
+    @staticmethod
+    def live_members(pgid: int) -> list[int]:
+        """Pids of the processes of group ``pgid`` that are not zombies (read from /proc)."""
+        members = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # the process ended while we looked
+                continue
+            state, _ppid, group = stat[stat.rindex(")") + 2 :].split()[:3]
+            if int(group) == pgid and state not in ("Z", "X"):
+                members.append(int(entry.name))
+        return members
+
+    def wait_until_gone(self, pgid: int, timeout_s: float = 30.0) -> list[int]:
+        """Wait for group ``pgid`` to have no live process; the pids still live at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while (left := self.live_members(pgid)) and time.monotonic() < deadline:
+            time.sleep(self.poll_s)
+        return left
+
+    @staticmethod
+    def tail(log: Path, lines: int = 30) -> str:
+        """The last ``lines`` lines of ``log``."""
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+    def run_group(
+        self, command: list[str], cwd: Path, env: dict[str, str], log: Path
+    ) -> tuple[int, int]:
+        """Run ``command`` as the leader of a new process group to its end, its output in
+        ``log``: (exit status, group id). No process of the group may be left running; whatever
+        is left at a failure is SIGKILLed."""
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            status = process.wait(timeout=self.run_timeout_s)
+            left = self.wait_until_gone(process.pid)
+            assert left == [], (
+                f"{command[3]} (exit {status}) left processes {left}:\n{self.tail(log)}"
+            )
+            return status, process.pid
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{command[3]} ran over {self.run_timeout_s} s:\n{self.tail(log)}"
+            ) from None
+        finally:
+            if self.live_members(process.pid):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            self.wait_until_gone(process.pid)
+
+
+@pytest.fixture(scope="session")
+def process_groups() -> ProcessGroups:
+    """:class:`ProcessGroups` with a 600 s limit on a run (session scope: it holds no state,
+    and module fixtures such as test_kill_matrix.py's ``matrix`` use it)."""
+    return ProcessGroups(run_timeout_s=600)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,69 +55,7 @@ REPO = Path(__file__).resolve().parents[2]
 KILLPOINTS = Path(__file__).resolve().parent / "killpoints"
 STEPS, SAVE_FREQ, KILLED_STEP = 4, 2, 3
 KILL_AT = "agent.round:3"  # one round per step (module docstring): step 3's first
-RUN_TIMEOUT_S = 600
-POLL_S = 0.05
 ZYGOTE_BOOT = "from stages.reward.zygote import serve"  # in the zygotes' ``-c`` line
-# --- processes -----------------------------------------------------------------------------------
-
-
-def is_live(pid: int) -> bool:
-    """Whether ``pid`` runs and is not a zombie (read from /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
-def live_members(pgid: int) -> list[int]:
-    """Pids of the processes of group ``pgid`` that are not zombies (read from /proc)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
-        except OSError:  # the process ended while we looked
-            continue
-        if stat:
-            state, _ppid, group = stat[stat.rindex(")") + 2 :].split()[:3]
-            if int(group) == pgid and state not in ("Z", "X"):
-                members.append(int(entry.name))
-    return members
-
-
-def wait_until_gone(pgid: int, timeout_s: float = 30.0) -> list[int]:
-    """Wait for group ``pgid`` to have no live process; the pids still live at the timeout."""
-    deadline = time.monotonic() + timeout_s
-    while (left := live_members(pgid)) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    return left
-
-
-def tail(log: Path, lines: int = 30) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-
-
-def run_group(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[int, int]:
-    """Run ``command`` as the leader of a new process group to its end: (exit status, group id).
-    No process of the group may be left running; whatever is left at a failure is SIGKILLed."""
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        status = process.wait(timeout=RUN_TIMEOUT_S)
-        left = wait_until_gone(process.pid)
-        assert left == [], f"{command[3]} (exit {status}) left processes {left}:\n{tail(log)}"
-        return status, process.pid
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"{command[3]} ran over {RUN_TIMEOUT_S} s:\n{tail(log)}") from None
-    finally:
-        if live_members(process.pid):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        wait_until_gone(process.pid)
-
-
 # --- the runs ------------------------------------------------------------------------------------
 
 
@@ -127,11 +64,18 @@ class Runs:
     store, run directory, logs), against the session's Prefect server."""
 
     def __init__(
-        self, root: Path, demo: Path, tiny_run_overrides, prefect_api_url: str, tools: Path
+        self,
+        root: Path,
+        demo: Path,
+        tiny_run_overrides,
+        prefect_api_url: str,
+        tools: Path,
+        process_groups,
     ) -> None:
         self.root, self.demo, self.overrides = root, demo, tiny_run_overrides
         self.api_url = prefect_api_url
         self.tools = tools
+        self.groups = process_groups
 
     def env(self, home: Path, **extra: str) -> dict[str, str]:
         """The session's hermetic environment (tests/conftest.py) with this run's own MLflow
@@ -165,8 +109,9 @@ class Runs:
     def baseline(self) -> Path:
         home = self.root / "baseline"
         home.mkdir()
-        status, _ = run_group(self.train_command(home), home, self.env(home), home / "train.log")
-        assert status == 0, f"the baseline exited {status}:\n{tail(home / 'train.log')}"
+        log = home / "train.log"
+        status, _ = self.groups.run_group(self.train_command(home), home, self.env(home), log)
+        assert status == 0, f"the baseline exited {status}:\n{self.groups.tail(log)}"
         return home
 
     def killed(self) -> tuple[Path, dict, int]:
@@ -181,9 +126,9 @@ class Runs:
             PPOFLOW_TEST_KILL_AT=KILL_AT,
             PPOFLOW_TEST_KILL_LOG=str(kill_log),
         )
-        status, group = run_group(self.train_command(home), home, env, log)
+        status, group = self.groups.run_group(self.train_command(home), home, env, log)
         assert status == -signal.SIGKILL, (
-            f"ppoflow train exited {status}, not by its kill at {KILL_AT}:\n{tail(log)}"
+            f"ppoflow train exited {status}, not by its kill at {KILL_AT}:\n{self.groups.tail(log)}"
         )
         (line,) = [json.loads(text) for text in kill_log.read_text().splitlines()]
         return home, line, group
@@ -191,8 +136,8 @@ class Runs:
     def resume(self, home: Path) -> int:
         log = home / "resume.log"
         command = [sys.executable, "-m", "flows.cli", "resume", str(home / "run")]
-        status, group = run_group(command, home, self.env(home), log)
-        assert status == 0, f"ppoflow resume exited {status}:\n{tail(log)}"
+        status, group = self.groups.run_group(command, home, self.env(home), log)
+        assert status == 0, f"ppoflow resume exited {status}:\n{self.groups.tail(log)}"
         return group
 
 
@@ -213,10 +158,20 @@ def rollout(home: Path, step: int):
 
 
 def test_a_kill_mid_rollout_of_a_multi_turn_step_resumes_to_the_uninterrupted_run(
-    tmp_path, make_demo_inputs, tiny_run_overrides, prefect_harness, write_lookup_tool_config
+    tmp_path,
+    make_demo_inputs,
+    tiny_run_overrides,
+    prefect_harness,
+    write_lookup_tool_config,
+    process_groups,
 ):
     from prefect.settings import PREFECT_API_URL
 
+    tail, live_members, is_live = (
+        process_groups.tail,
+        process_groups.live_members,
+        process_groups.is_live,
+    )
     started = time.monotonic()
     runs = Runs(
         tmp_path,
@@ -224,6 +179,7 @@ def test_a_kill_mid_rollout_of_a_multi_turn_step_resumes_to_the_uninterrupted_ru
         tiny_run_overrides,
         PREFECT_API_URL.value(),
         write_lookup_tool_config(tmp_path / "tools.yaml"),
+        process_groups,
     )
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-kill") as pool:
         baseline_run, killed_run = pool.submit(runs.baseline), pool.submit(runs.killed)

@@ -43,12 +43,9 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,8 +86,6 @@ STAGES = (
 )
 ROLES = ("actor", "critic")
 JOBS = int(os.environ.get("PPOFLOW_KILL_MATRIX_JOBS", "2"))
-RUN_TIMEOUT_S = 600
-POLL_S = 0.05
 #: metrics that differ between any two runs: wall times, and the stages taken from the cache
 NOT_COMPARED = (
     "timing_s/",
@@ -165,67 +160,6 @@ SELECTED = (
 )
 
 
-# --- processes -----------------------------------------------------------------------------------
-
-
-def live_members(pgid: int) -> list[int]:
-    """Pids of the processes of group ``pgid`` that are not zombies (read from /proc)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # the process ended while we looked
-            continue
-        state, _ppid, group = stat[stat.rindex(")") + 2 :].split()[:3]
-        if int(group) == pgid and state not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
-def wait_until_gone(pgid: int, timeout_s: float = 30.0) -> list[int]:
-    """Wait for group ``pgid`` to have no live process; the pids still live at the timeout."""
-    deadline = time.monotonic() + timeout_s
-    while (left := live_members(pgid)) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    return left
-
-
-def tail(log: Path, lines: int = 30) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-
-
-@contextmanager
-def process_group(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> Iterator:
-    """Start ``command`` as the leader of a new process group (output in ``log``); on the way
-    out SIGKILL whatever of the group still runs."""
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        yield process
-    finally:
-        if live_members(process.pid):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        wait_until_gone(process.pid)
-
-
-def run_group(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[int, int]:
-    """Run ``command`` in its own process group to its end: (exit status, process group id);
-    no process of the group may be left running."""
-    with process_group(command, cwd, env, log) as process:
-        try:
-            status = process.wait(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{command[3]} ran over {RUN_TIMEOUT_S} s:\n{tail(log)}") from None
-        left = wait_until_gone(process.pid)
-        assert left == [], f"{command[3]} (exit {status}) left processes {left}:\n{tail(log)}"
-        return status, process.pid
-
-
 # --- the runs ------------------------------------------------------------------------------------
 
 
@@ -263,9 +197,12 @@ def temp_files(*folders: Path) -> list[str]:
 class Matrix:
     """The baseline and the cases, run on a pool of :data:`JOBS` threads (module docstring)."""
 
-    def __init__(self, root: Path, demo: Path, tiny_run_overrides, prefect_api_url: str) -> None:
+    def __init__(
+        self, root: Path, demo: Path, tiny_run_overrides, prefect_api_url: str, process_groups
+    ) -> None:
         self.root, self.demo, self.overrides = root, demo, tiny_run_overrides
         self.api_url = prefect_api_url
+        self.groups = process_groups
         self.empty_store = root / "empty-mlflow.db"
         MlflowClient(tracking_uri=f"sqlite:///{self.empty_store}").search_experiments()
         self.pool = ThreadPoolExecutor(max_workers=JOBS, thread_name_prefix="kill-matrix")
@@ -318,8 +255,8 @@ class Matrix:
         start, home = time.monotonic(), self.root / "baseline"
         home.mkdir()
         log = home / "train.log"
-        status, group = run_group(self.train_command(home), home, self.env(home), log)
-        assert status == 0, f"the baseline exited {status}:\n{tail(log)}"
+        status, group = self.groups.run_group(self.train_command(home), home, self.env(home), log)
+        assert status == 0, f"the baseline exited {status}:\n{self.groups.tail(log)}"
         return Outcome(home, groups=(group,), wall_s=time.monotonic() - start)
 
     def _case(self, kill: Kill) -> Outcome:
@@ -332,8 +269,8 @@ class Matrix:
         outcome.logged_steps = logged_steps(home)
         log = home / "resume.log"
         resume = [sys.executable, "-m", "flows.cli", "resume", str(outcome.run)]
-        status, resumed = run_group(resume, home, self.env(home), log)
-        assert status == 0, f"ppoflow resume exited {status}:\n{tail(log)}"
+        status, resumed = self.groups.run_group(resume, home, self.env(home), log)
+        assert status == 0, f"ppoflow resume exited {status}:\n{self.groups.tail(log)}"
         outcome.groups, outcome.wall_s = (killed, resumed), time.monotonic() - start
         return outcome
 
@@ -348,23 +285,26 @@ class Matrix:
             PPOFLOW_TEST_KILL_AT=kill.spec,
             PPOFLOW_TEST_KILL_LOG=str(kill_log),
         )
-        status, group = run_group(self.train_command(home), home, env, log)
+        status, group = self.groups.run_group(self.train_command(home), home, env, log)
         assert status == -signal.SIGKILL, (
-            f"ppoflow train exited {status}, not by its kill at {kill.spec}:\n{tail(log)}"
+            f"ppoflow train exited {status}, not by its kill at {kill.spec}:\n"
+            f"{self.groups.tail(log)}"
         )
         (line,) = [json.loads(text) for text in kill_log.read_text().splitlines()]
         return line, group
 
 
 @pytest.fixture(scope="module")
-def matrix(request, tmp_path_factory, make_demo_inputs, tiny_run_overrides, prefect_harness):
+def matrix(
+    request, tmp_path_factory, make_demo_inputs, tiny_run_overrides, prefect_harness, process_groups
+):
     """The runs, started at the first test: the baseline and the cases of every selected test
     of this module."""
     from prefect.settings import PREFECT_API_URL
 
     root = tmp_path_factory.mktemp("kill-matrix")
     demo = make_demo_inputs(root / "demo")
-    runs = Matrix(root, demo, tiny_run_overrides, PREFECT_API_URL.value())
+    runs = Matrix(root, demo, tiny_run_overrides, PREFECT_API_URL.value(), process_groups)
     this_file = Path(__file__).resolve()
     selected = [
         item.callspec.params["kill"]
@@ -416,7 +356,8 @@ def same(a: float, b: float) -> bool:
 
 
 @pytest.mark.parametrize("kill", SELECTED, ids=str)
-def test_a_kill_at_any_point_resumes_to_the_uninterrupted_run(matrix, kill):
+def test_a_kill_at_any_point_resumes_to_the_uninterrupted_run(matrix, kill, process_groups):
+    tail, live_members = process_groups.tail, process_groups.live_members
     case, baseline = matrix.result(str(kill)), matrix.result("baseline")
     killed_at = case.killed_at
     assert (killed_at["point"], killed_at["n"]) == (kill.point, kill.n), killed_at

@@ -75,7 +75,8 @@ def test_mlflow_run_holds_registry_metrics_params_and_artifacts(
         recomputes_old_log_probs=not cfg.algorithm.rollout_correction.bypass_mode,
     )
     assert "actor/ppo_kl" in expected and "critic/vf_loss" not in expected
-    assert "actor/entropy" not in expected  # the hf rollout's old log-probs are reused
+    # the hf rollout's old log-probs are reused: the update measures the entropy, every step
+    assert "actor/entropy" in expected
     for name in expected:
         logged = client.get_metric_history(run.info.run_id, sanitize_metric_name(name))
         assert [m.step for m in logged] == [1, 2], name

@@ -94,7 +94,10 @@ class ArtifactStore:
         self.down, self.artifacts, self.status = True, {}, None
 
     def get_experiment_by_name(self, name):
-        return SimpleNamespace(experiment_id="1")
+        return SimpleNamespace(experiment_id="1", tags={})
+
+    def set_experiment_tag(self, experiment_id, key, value):
+        pass
 
     def create_run(self, experiment_id, run_name):
         return SimpleNamespace(info=SimpleNamespace(run_id="run-1"))

@@ -34,6 +34,9 @@ Points (``<stage>`` is a stage name of flows/step_flow.py, e.g. ``rollout``, ``u
                            validation; the detail names which, its step, and the round
 ``agent.tools``            a tool round runs its calls on the sandbox
                            (``stages.agent.sandbox.ToolSandbox.run``); same detail
+``dapo.round``             a generation round of dynamic sampling starts, before it draws its
+                           prompts (``flows.gen_rounds._run_round``); the detail names the step
+                           and the round
 =========================  ===================================================================
 
 A point of the main thread first waits for the publishing thread to finish the step it is
@@ -67,6 +70,7 @@ CHECKPOINT_POINTS = ("actor", "critic", "state", "manifest", "tracker", "saved")
 PUBLISH_POINTS = ("start", "sent")
 STAGE_POINTS = ("start", "computed", "write")
 AGENT_POINTS = ("round", "tools")
+DAPO_POINTS = ("round",)
 _reached: Counter[str] = Counter()
 _publishers: list[Any] = []
 _agent_rollouts: list[str] = []  # "rollout step 3" / "validation step 4" while one runs
@@ -80,13 +84,19 @@ def parse(spec: str) -> tuple[str, int]:
         (area == "checkpoint" and phase in CHECKPOINT_POINTS)
         or (area == "publish" and phase in PUBLISH_POINTS)
         or (area == "agent" and phase in AGENT_POINTS)
-        or (area not in ("checkpoint", "publish", "agent") and bool(area) and phase in STAGE_POINTS)
+        or (area == "dapo" and phase in DAPO_POINTS)
+        or (
+            area not in ("checkpoint", "publish", "agent", "dapo")
+            and bool(area)
+            and phase in STAGE_POINTS
+        )
     )
     if not known or not count.isdigit() or int(count) < 1:
         raise SystemExit(
             f"PPOFLOW_TEST_KILL_AT={spec!r}: expected <point>:<n> with n ≥ 1 and point one of "
             f"<stage>.{{{','.join(STAGE_POINTS)}}}, checkpoint.{{{','.join(CHECKPOINT_POINTS)}}}, "
-            f"publish.{{{','.join(PUBLISH_POINTS)}}}, agent.{{{','.join(AGENT_POINTS)}}}"
+            f"publish.{{{','.join(PUBLISH_POINTS)}}}, agent.{{{','.join(AGENT_POINTS)}}}, "
+            f"dapo.{{{','.join(DAPO_POINTS)}}}"
         )
     return point, int(count)
 
@@ -196,7 +206,7 @@ def _patch_artifact_store(module: Any) -> None:
 def _patch_engine_checkpoint(module: Any) -> None:
     module.save_engine_checkpoint = _after(
         module.save_engine_checkpoint,
-        lambda _engine, directory, client_state=None: (
+        lambda _engine, directory, client_state=None, **_options: (
             f"checkpoint.{(client_state or {}).get('role')}",
             str(directory),
         ),
@@ -284,7 +294,15 @@ def _patch_sandbox(module: Any) -> None:
     )
 
 
+def _patch_gen_rounds(module: Any) -> None:
+    module._run_round = _before(  # generate_rounds reads the module's global at each call
+        module._run_round,
+        lambda _run, step, gen_round, _options: ("dapo.round", f"step {step}: round {gen_round}"),
+    )
+
+
 PATCHES: dict[str, Callable[[Any], None]] = {
+    "flows.gen_rounds": _patch_gen_rounds,
     "flows.stage_task": _patch_stage_task,
     "dataproto.artifact_store": _patch_artifact_store,
     "stages.engines.checkpoint": _patch_engine_checkpoint,
