@@ -104,6 +104,32 @@ def command_modules() -> list[str]:
     )
 
 
+def check_command_line(args: list[str]) -> None:
+    """Parse ``args`` (a command's name, then its arguments) as the command line will, without
+    running the command, and check a ``config`` argument's file: a usage error or a config that
+    is not there is one ``error:`` line and exit status 2 (:class:`SystemExit`). The ``ppoflow``
+    executable calls it for a training command before it starts Prefect's server and the MLflow
+    process (flows/cli/entry.py), so a typo answers at once."""
+    from flows.cli.config import config_error
+    from stages.config import ConfigError, resolve_config_path
+
+    group = typer.main.get_command(app)
+    name, *rest = args
+    try:
+        with one_line_usage_errors():
+            root = click.Context(group, info_name=app.info.name)
+            command = group.get_command(root, name)
+            parsed = command.make_context(name, rest, parent=root)
+        config = parsed.params.get("config")
+        if isinstance(config, str):
+            resolve_config_path(config)
+    except typer.Exit as done:
+        raise SystemExit(done.exit_code) from None
+    except ConfigError as err:
+        typer.echo(config_error(err), err=True)
+        raise SystemExit(2) from None
+
+
 for _name in command_modules():
     _module = importlib.import_module(_name)
     if hasattr(_module, "register"):

@@ -5,20 +5,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from stages.config import (
-    ConfigError,
-    ConfigNotice,
-    ConfigWarning,
-    PPORunConfig,
-    dump_config,
-    explain_verl_keys,
-    load_config,
-    render_default_yaml,
-)
+from stages.config import ConfigError, ConfigNotice, ConfigWarning
+
+if TYPE_CHECKING:
+    from stages.config import PPORunConfig
 
 #: how config messages are led on stderr
 MESSAGE_PREFIX = {ConfigNotice: "note", ConfigWarning: "warning"}
@@ -89,6 +83,8 @@ def show(
     """Print the resolved config as YAML, with the derived flags and sizes as comments."""
     with config_messages():
         try:
+            from stages.config import load_config  # the schema and its registries: late
+
             cfg = load_config(config, overrides or None)
         except ConfigError as err:
             typer.echo(config_error(err), err=True)
@@ -97,6 +93,8 @@ def show(
         _show_layout(cfg)
         return
     typer.echo(render_derived_comment(cfg), nl=False)
+    from stages.config import dump_config
+
     typer.echo(dump_config(cfg), nl=False)
 
 
@@ -129,6 +127,8 @@ def verl_keys(
 ) -> None:
     """List what became of each verl key of a config: mapped, no effect, dropped or refused."""
     try:
+        from stages.config import explain_verl_keys
+
         rows = explain_verl_keys(config, overrides or None)
     except ConfigError as err:
         typer.echo(config_error(err), err=True)
@@ -148,6 +148,8 @@ def verl_keys(
 @config_app.command("defaults")
 def defaults() -> None:
     """Print every key with its default and description (the content of configs/ppo_trainer.yaml)."""
+    from stages.config import render_default_yaml
+
     typer.echo(render_default_yaml(), nl=False)
 
 

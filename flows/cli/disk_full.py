@@ -23,8 +23,6 @@ import os
 import shutil
 from pathlib import Path
 
-from dataproto.artifact_store import DISK_FULL_ERRNOS
-
 #: what each errno of DISK_FULL_ERRNOS means, and what makes room
 _WHAT = {
     errno.ENOSPC: ("no space left on device", "free space"),
@@ -59,6 +57,8 @@ def explain_disk_full(err: BaseException) -> str | None:
 def disk_full_error(err: BaseException) -> OSError | None:
     """The first ``OSError`` with an errno of ``DISK_FULL_ERRNOS`` in ``err``, its causes and
     contexts (a failure inside a flow can arrive wrapped), or None."""
+    from dataproto.artifact_store import DISK_FULL_ERRNOS  # late: dataproto brings torch
+
     seen: set[int] = set()
     pending: list[BaseException | None] = [err]
     while pending:

@@ -3,7 +3,9 @@
 A training command (``train``, ``resume``) launches Prefect's temporary server
 (flows/process/prefect_server.py) and the MLflow process (flows/sinks/mlflow_process.py) before the command
 line's modules import torch, transformers and Prefect, so they come up beside those imports
-instead of after them. Every other command goes straight to the command line (flows/cli/app.py).
+instead of after them — once its arguments parse and its config file is there
+(``check_command_line``): a usage error answers without them. Every other command goes straight
+to the command line (flows/cli/app.py), whose modules import torch only when a command runs.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ def main() -> None:
     from flows.process.prefect_server import is_flow_command, start_ahead_for
 
     if is_flow_command(sys.argv[1:]):
+        from flows.cli.app import check_command_line
         from flows.process.start_up_gc import pause
+
+        check_command_line(sys.argv[1:])  # a usage error answers before anything starts
         from flows.sinks.mlflow_process import start_ahead as start_mlflow_ahead
 
         pause()  # until the first step (flows/process/start_up_gc.py)

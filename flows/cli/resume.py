@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -33,10 +33,11 @@ from flows.cli.train import (
     quiet_prefect,
     train_in_phases,
 )
-from flows.runs.branches import same_run
-from flows.runs.checkpoints import checkpoint_run, read_run_state, resume_checkpoint
-from flows.runs.store import CONFIG_FILE, RUN_INFO_FILE, RunStore
-from stages.config import ConfigError, PPORunConfig, apply_overrides, validate_config
+from stages.config import ConfigError
+
+if TYPE_CHECKING:
+    from flows.runs.store import RunStore
+    from stages.config import PPORunConfig
 
 #: keys ``ppoflow resume`` sets itself
 RESUME_KEYS = ("trainer.resume_mode", "trainer.resume_from_path")
@@ -44,6 +45,8 @@ RESUME_KEYS = ("trainer.resume_mode", "trainer.resume_from_path")
 
 def open_resumable(run_dir: str) -> RunStore:
     """The run at ``run_dir``; ``ValueError`` when it is not a ppoflow run directory."""
+    from flows.runs.store import CONFIG_FILE, RunStore  # late: the run store brings torch
+
     store = RunStore(run_dir)
     if not store.exists(CONFIG_FILE):
         raise ValueError(
@@ -55,6 +58,8 @@ def open_resumable(run_dir: str) -> RunStore:
 
 def started_in(store: RunStore) -> str | None:
     """The working directory the run started in (its run_info.json), when it still exists."""
+    from flows.runs.store import RUN_INFO_FILE
+
     if not store.exists(RUN_INFO_FILE):
         return None
     working_dir = store.load_run_info().get("working_dir")
@@ -69,6 +74,11 @@ def resume_config(store: RunStore, overrides: Sequence[str]) -> tuple[PPORunConf
         ValueError: an override of :data:`RESUME_KEYS`; no checkpoint; the newest checkpoint
             was written by another run.
     """
+    from flows.runs.branches import same_run
+    from flows.runs.checkpoints import checkpoint_run, read_run_state, resume_checkpoint
+    from flows.runs.store import CONFIG_FILE
+    from stages.config import apply_overrides, validate_config
+
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if key in RESUME_KEYS:

@@ -17,11 +17,12 @@ import json
 import math
 import os
 from datetime import datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flows.runs.index import RunSummary
+if TYPE_CHECKING:
+    from flows.runs.index import RunSummary
 
 
 def default_runs_dir() -> str:
@@ -29,6 +30,27 @@ def default_runs_dir() -> str:
     from stages.config.schema_trainer import PPOFlowConfig
 
     return PPOFlowConfig.model_fields["artifact_dir"].default
+
+
+def packaged_run_dirs(cwd: str = ".") -> list[tuple[str, str]]:
+    """``(ppoflow.artifact_dir, config file)`` of each packaged config in configs/ that sets
+    its own artifact directory and whose directory exists under ``cwd`` (``make demo`` writes
+    to ``outputs/demo/runs``, not the default ``runs``): where a bare ``ppoflow runs`` points a
+    user who has no ``runs`` directory."""
+    import yaml
+
+    from stages.config import CONFIGS_DIR
+
+    found = []
+    for path in sorted(CONFIGS_DIR.glob("*.yaml")):
+        try:
+            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        where = (tree.get("ppoflow") or {}).get("artifact_dir") if isinstance(tree, dict) else None
+        if isinstance(where, str) and os.path.isdir(os.path.join(cwd, where)):
+            found.append((where, f"configs/{path.name}"))
+    return found
 
 
 def _number(value: float | None) -> str:
@@ -93,9 +115,11 @@ def runs_command(
     try:
         runs = list_runs(root, tracking)
     except FileNotFoundError:
+        found = "; ".join(f"{where} ({config})" for where, config in packaged_run_dirs())
         typer.echo(
             f"error: {root} is not a directory; pass the directory that holds the run "
-            "directories (ppoflow.artifact_dir of the runs)",
+            "directories (ppoflow.artifact_dir of the runs)"
+            + (f"; the packaged configs' runs here: {found}" if found else ""),
             err=True,
         )
         raise typer.Exit(2) from None

@@ -198,13 +198,25 @@ def test_an_empty_directory_is_one_line(tmp_path):
     assert json.loads(runs(tmp_path, "--json").stdout) == []
 
 
-def test_a_missing_directory_is_one_line_exit_2(tmp_path):
+def test_a_missing_directory_is_one_line_exit_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no packaged config's runs here
     result = runs(tmp_path / "nope")
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
         f"error: {tmp_path / 'nope'} is not a directory; pass the directory that holds the run "
         "directories (ppoflow.artifact_dir of the runs)"
     ]
+
+
+def test_a_missing_directory_points_to_the_packaged_configs_runs_that_exist(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs" / "demo" / "runs").mkdir(parents=True)  # what make demo writes
+    result = runs(tmp_path / "nope")
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert line.endswith(
+        "; the packaged configs' runs here: outputs/demo/runs (configs/demo-cpu.yaml)"
+    )
 
 
 def test_the_default_directory_is_the_default_artifact_dir(tmp_path, monkeypatch):
