@@ -32,7 +32,13 @@ from stages.reward.settings import settings_from_config
 from stages.reward.stage import compute_reward
 from stages.stage import StageContext
 
-GENERATION_COLUMNS = ("step", "input", "output", "score", "ground_truth")  # + num_turns (multi-turn)
+GENERATION_COLUMNS = (
+    "step",
+    "input",
+    "output",
+    "score",
+    "ground_truth",
+)  # + num_turns (multi-turn)
 
 
 @dataclass

@@ -229,9 +229,7 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
         stats["critic/vf_explained_var"] = explained_variance(returns.float(), values.float())
     response_width = tensors[keys.RESPONSES].shape[-1]
     model_length = tensors[keys.RESPONSE_MASK].sum(-1).to(response_length.dtype)  # (B,)
-    stats |= _length_family(
-        "response_length", model_length, kept, response_width, response_length
-    )
+    stats |= _length_family("response_length", model_length, kept, response_width, response_length)
     stats |= _length_family(
         "response_length_non_aborted", model_length, non_aborted, response_width, response_length
     )

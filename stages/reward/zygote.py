@@ -195,9 +195,7 @@ class _WorkerSetup:
         # one namespace for every worker, made here once (about 6 ms a worker otherwise): a
         # process may only unshare a user namespace while it holds one thread
         self._network_cut = (
-            self.network_mode == "namespace"
-            and threading.active_count() == 1
-            and unshare_network()
+            self.network_mode == "namespace" and threading.active_count() == 1 and unshare_network()
         )
 
     def in_child(self) -> None:

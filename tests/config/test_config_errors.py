@@ -170,7 +170,11 @@ BAD_OVERRIDES = {
     ),
     "verl feature switched on": (
         ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
-        ["actor_rollout_ref.actor.ulysses_sequence_parallel_size = 2", "verl feature not supported", "Ulysses"],
+        [
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size = 2",
+            "verl feature not supported",
+            "Ulysses",
+        ],
     ),
     "unknown key in a verl section": (
         ["actor_rollout_ref.actor.fsdp_config.param_ofload=true"],

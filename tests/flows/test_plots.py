@@ -156,8 +156,12 @@ def test_preload_renderer_imports_matplotlib_in_its_thread_and_importing_plots_d
 
 def test_the_first_metrics_start_the_renderer_import_once(monkeypatch):
     started = []
-    monkeypatch.setattr("flows.sinks.mlflow_logger.MlflowClient", lambda tracking_uri: ArtifactStore())
-    monkeypatch.setattr("flows.sinks.mlflow_logger.preload_renderer", lambda: started.append(1) or 1)
+    monkeypatch.setattr(
+        "flows.sinks.mlflow_logger.MlflowClient", lambda tracking_uri: ArtifactStore()
+    )
+    monkeypatch.setattr(
+        "flows.sinks.mlflow_logger.preload_renderer", lambda: started.append(1) or 1
+    )
     logger = MLflowLogger("proj", "plots", tracking_uri="sqlite:///unused.db", retry_interval_s=0)
     assert started == []
     logger.log_metrics({"a": 1.0}, step=1)

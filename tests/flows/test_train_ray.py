@@ -109,6 +109,7 @@ def test_ray_is_sized_for_every_role_group(monkeypatch):
 
 def test_the_gpu_count_is_that_of_the_role_groups(monkeypatch):
     from flows import engines
+
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(engines.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(engines.torch.cuda, "device_count", lambda: 2)
