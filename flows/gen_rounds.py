@@ -103,6 +103,23 @@ def filter_metrics(generated: int, evicted: int, surplus: int) -> dict[str, floa
     return {GENERATED: float(generated), EVICTED: float(evicted), SURPLUS: float(surplus)}
 
 
+def next_step_input(run: Any, step: int, gen_round: int | None = None) -> DataProto:
+    """The loader's next batch as a step's input (``make_step_input``: n samples per prompt, uids,
+    the rollout temperature, the KL coefficient now); ``gen_round`` for a DAPO round's own uids
+    and seed, None for a step without rounds."""
+    cfg = run.cfg
+    rounds = {} if gen_round is None else {"gen_round": gen_round}
+    return make_step_input(
+        run.loader.next_batch(),
+        cfg.actor_rollout_ref.rollout.n,
+        temperature=cfg.actor_rollout_ref.rollout.temperature,
+        global_steps=step,
+        kl_coef=None if run.kl_ctrl is None else run.kl_ctrl.value,
+        uid_seed=cfg.trainer.seed,
+        **rounds,
+    )
+
+
 def _without_round(batch: DataProto) -> DataProto:
     """``batch`` without its ``gen_round`` meta key (the rounds' batches concatenate)."""
     meta_info = {k: v for k, v in batch.meta_info.items() if k != K.GEN_ROUND}
@@ -112,22 +129,13 @@ def _without_round(batch: DataProto) -> DataProto:
 def _run_round(run: Any, step: int, gen_round: int, options: dict[str, Any]) -> StepResult:
     """Generation round ``gen_round`` of step ``step``: draw the prompts, run the generation
     stages into ``step_<k>/round_<r>/`` (module docstring, 1)."""
-    cfg = run.cfg
-    round_input = make_step_input(
-        run.loader.next_batch(),
-        cfg.actor_rollout_ref.rollout.n,
-        temperature=cfg.actor_rollout_ref.rollout.temperature,
-        global_steps=step,
-        kl_coef=None if run.kl_ctrl is None else run.kl_ctrl.value,
-        uid_seed=cfg.trainer.seed,
-        gen_round=gen_round,
-    )
+    round_input = next_step_input(run, step, gen_round)
     store = RoundStore(run.store, gen_round)
     weights = run.lineage.state_dict()  # the step's start: what a re-run of the round needs
     result = run_step.fn(  # a plain call, as the step's (flows/step_flow.py)
         GENERATION_STAGES,
         round_input,
-        StageContext(config=cfg, engines=run.engines, step=step),
+        StageContext(config=run.cfg, engines=run.engines, step=step),
         store,
         step,
         **options,
@@ -200,12 +208,5 @@ def step_input_of(run: Any, step: int, options: dict[str, Any]) -> StepPlanInput
     if cfg.algorithm.filter_groups.enable:
         rounds = generate_rounds(run, step, options)
         return StepPlanInput(TRAINING_STAGES, rounds.batch, rounds.metrics, len(rounds.rounds))
-    step_input = make_step_input(
-        run.loader.next_batch(),
-        cfg.actor_rollout_ref.rollout.n,
-        temperature=cfg.actor_rollout_ref.rollout.temperature,
-        global_steps=step,
-        kl_coef=None if run.kl_ctrl is None else run.kl_ctrl.value,
-        uid_seed=cfg.trainer.seed,
-    )
+    step_input = next_step_input(run, step)
     return StepPlanInput(PPO_STAGES, step_input, {}, 1)

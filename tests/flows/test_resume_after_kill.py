@@ -101,34 +101,11 @@ def child_env(home: Path) -> dict[str, str]:
     }
 
 
-def live_members(pgid: int) -> list[int]:
-    """Pids of the processes of group ``pgid`` that are not zombies (read from /proc)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # the process ended while we looked
-            continue
-        state, _ppid, group = stat[stat.rindex(")") + 2 :].split()[:3]
-        if int(group) == pgid and state not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
-def wait_until_gone(pgid: int, timeout_s: float = 30.0) -> list[int]:
-    """Wait for group ``pgid`` to have no live process; the pids still live at the timeout."""
-    deadline = time.monotonic() + timeout_s
-    while (left := live_members(pgid)) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    return left
-
-
 @contextmanager
-def process_group(command: list[str], home: Path) -> Iterator[subprocess.Popen]:
+def process_group(command: list[str], home: Path, groups) -> Iterator[subprocess.Popen]:
     """Start ``command`` as the leader of a new process group (cwd ``home``, output in
-    ``home/output.log``); on the way out SIGKILL whatever of the group still runs."""
+    ``home/output.log``); on the way out SIGKILL whatever of the group still runs. ``groups``:
+    the ``process_groups`` fixture (tests/flows/conftest.py)."""
     home.mkdir(parents=True, exist_ok=True)
     with open(home / "output.log", "wb") as log:
         process = subprocess.Popen(
@@ -142,31 +119,31 @@ def process_group(command: list[str], home: Path) -> Iterator[subprocess.Popen]:
     try:
         yield process
     finally:
-        if live_members(process.pid):
+        if groups.live_members(process.pid):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        wait_until_gone(process.pid)
+        groups.wait_until_gone(process.pid)
 
 
 def output_tail(home: Path, lines: int = 30) -> str:
     return "\n".join((home / "output.log").read_text(errors="replace").splitlines()[-lines:])
 
 
-def train_to_end(command: list[str], home: Path) -> None:
+def train_to_end(command: list[str], home: Path, groups) -> None:
     """Run ``command`` to its end; it must exit 0 and leave no process behind."""
-    with process_group(command, home) as process:
+    with process_group(command, home, groups) as process:
         try:
             status = process.wait(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             pytest.fail(f"ppoflow train ran over {RUN_TIMEOUT_S} s:\n{output_tail(home)}")
         assert status == 0, f"ppoflow train exited {status}:\n{output_tail(home)}"
-        assert wait_until_gone(process.pid) == [], "ppoflow train left processes running"
+        assert groups.wait_until_gone(process.pid) == [], "ppoflow train left processes running"
 
 
-def train_until_killed(command: list[str], home: Path, checkpoints: Path) -> None:
+def train_until_killed(command: list[str], home: Path, checkpoints: Path, groups) -> None:
     """Run ``command`` until the checkpoint of step KILLED_AFTER is complete (its tracker
     written), then SIGKILL the whole process group."""
-    with process_group(command, home) as process:
+    with process_group(command, home, groups) as process:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while read_latest_step(checkpoints) != KILLED_AFTER:
             if process.poll() is not None:
@@ -179,7 +156,9 @@ def train_until_killed(command: list[str], home: Path, checkpoints: Path) -> Non
             time.sleep(POLL_S)
         os.killpg(process.pid, signal.SIGKILL)
         assert process.wait() == -signal.SIGKILL
-        assert wait_until_gone(process.pid) == [], "processes survived SIGKILL of their group"
+        assert groups.wait_until_gone(process.pid) == [], (
+            "processes survived SIGKILL of their group"
+        )
 
 
 # --- what the runs left --------------------------------------------------------------------------
@@ -215,20 +194,20 @@ def run_dir(home: Path) -> RunStore:
 
 
 def test_killed_and_resumed_run_ends_like_an_uninterrupted_one(
-    tmp_path, make_demo_inputs, tiny_run_overrides
+    tmp_path, make_demo_inputs, tiny_run_overrides, process_groups
 ):
     demo_inputs = make_demo_inputs(tmp_path / "demo")
     whole, killed, resumed = tmp_path / "whole", tmp_path / "killed", tmp_path / "resumed"
     command = functools.partial(train_command, tiny_run_overrides, demo_inputs)
-    train_to_end(command(whole, whole / "checkpoints"), whole)
+    train_to_end(command(whole, whole / "checkpoints"), whole, process_groups)
 
     checkpoints = killed / "checkpoints"
-    train_until_killed(command(killed, checkpoints), killed, checkpoints)
+    train_until_killed(command(killed, checkpoints), killed, checkpoints, process_groups)
     assert read_latest_step(checkpoints) == KILLED_AFTER, "the kill came after the next checkpoint"
     assert not checkpoint_dir(checkpoints, STEPS, "actor").exists()
 
     resume = command(resumed, checkpoints, "trainer.resume_mode=auto")
-    train_to_end(resume, resumed)
+    train_to_end(resume, resumed, process_groups)
 
     expected = actor_weights(whole / "checkpoints", STEPS)
     got = actor_weights(checkpoints, STEPS)
@@ -257,7 +236,7 @@ def test_killed_and_resumed_run_ends_like_an_uninterrupted_one(
 
 
 def test_sigterm_ends_the_run_cleanly_and_resume_continues_it(
-    tmp_path, make_demo_inputs, tiny_run_overrides
+    tmp_path, make_demo_inputs, tiny_run_overrides, process_groups
 ):
     """SIGTERM to ``ppoflow train`` (the process, not its group): exit 143 with the line that
     says how to resume, no process of the run left (Prefect's temporary server included), the
@@ -271,7 +250,7 @@ def test_sigterm_ends_the_run_cleanly_and_resume_continues_it(
         str(run),
     ]
     command[2] = "flows"  # the `ppoflow` executable: its temporary server must stop with it
-    with process_group(command, home) as process:
+    with process_group(command, home, process_groups) as process:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while read_latest_step(checkpoints) is None:
             assert process.poll() is None, output_tail(home)
@@ -279,7 +258,9 @@ def test_sigterm_ends_the_run_cleanly_and_resume_continues_it(
             time.sleep(POLL_S)
         os.kill(process.pid, signal.SIGTERM)
         assert process.wait(timeout=120) == 128 + signal.SIGTERM, output_tail(home)
-        assert wait_until_gone(process.pid) == [], "the stopped run left processes running"
+        assert process_groups.wait_until_gone(process.pid) == [], (
+            "the stopped run left processes running"
+        )
     kept = read_latest_step(checkpoints)
     last = output_tail(home, 1)
     assert last == (
@@ -292,7 +273,7 @@ def test_sigterm_ends_the_run_cleanly_and_resume_continues_it(
 
     resume = [sys.executable, "-m", "flows", "resume", str(run),
               f"trainer.total_training_steps={kept + 1}"]  # fmt: skip
-    train_to_end(resume, home)
+    train_to_end(resume, home, process_groups)
     resumed_output = (home / "output.log").read_text(errors="replace")
     assert "(started ahead)" in resumed_output  # the `ppoflow` executable's path
     assert "| INFO    |" not in resumed_output, output_tail(home)  # no Prefect log lines
