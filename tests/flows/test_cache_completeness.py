@@ -249,8 +249,11 @@ def test_key_parts_name_every_input_of_the_key():
     }  # fmt: skip
     assert parts["optional"] == {}  # none of the optional keys is in this input
     assert parts["seed"] == {"seed": 7, "step": 3}
-    assert parts["files"] == dict.fromkeys(stage.file_keys)  # each file's digest (None: unset)
-    assert "actor_rollout_ref.rollout.multi_turn.tool_config_path" in parts["files"]
+    assert parts["files"] == {  # each file's digest (None: unset)
+        "actor_rollout_ref.model.tokenizer_path": None,
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path": None,
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path": None,
+    }
     later = stage_key_parts(stage, config, fingerprints, "w" * 64, step=4)
     assert miss_reasons(parts, later, lambda _: None) == [
         'sampling seed {"seed": 7, "step": 3} → {"seed": 7, "step": 4}'
