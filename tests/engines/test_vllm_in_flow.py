@@ -112,3 +112,30 @@ def test_grpo_two_steps_with_vllm_rollouts(demo_inputs, tmp_path):
     initial_vs_actor = (initial - actor["old_log_probs"])[mask].abs().max()
     assert initial_vs_actor > 1e-2, float(initial_vs_actor)  # the update moved the log-probs
     assert vllm_vs_actor < 1e-4, float(vllm_vs_actor)  # and vLLM sampled with the new weights
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_lora_adapters_reach_vllm_as_merged_weights(demo_inputs, tmp_path):
+    """LoRA (rank 8) with vLLM rollouts: after step 1's update, vLLM samples step 2 with the
+    base + (α/r)·B·A weights the actor trains, so its log-probs equal the actor's recomputed ones
+    within the backends' bound, and the update has moved them away from the base model's."""
+    lora = [
+        "actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.model.lora_alpha=16",
+        "actor_rollout_ref.model.target_modules=all-linear",
+    ]
+    result = train(
+        REPO / "configs" / "demo-cpu.yaml",
+        [*vllm_overrides(demo_inputs, tmp_path), *lora],
+        str(tmp_path / "run"),
+    )
+    assert len(result.history) == 2
+    store = RunStore(result.run_dir)
+    rollout = load_stage_artifact(store.artifact_path(2, "rollout")).batch
+    actor = load_artifact(store.artifact_path(2, "old_log_prob")).batch
+    mask = rollout["response_mask"].bool()
+    vllm_vs_actor = (rollout["rollout_log_probs"] - actor["old_log_probs"])[mask].abs().max()
+    initial = initial_model_log_probs(demo_inputs / "model", rollout)
+    initial_vs_actor = (initial - actor["old_log_probs"])[mask].abs().max()
+    assert initial_vs_actor > 1e-2, float(initial_vs_actor)  # the adapters moved the log-probs
+    assert vllm_vs_actor < 1e-4, float(vllm_vs_actor)  # and vLLM sampled with the merged weights
