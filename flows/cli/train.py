@@ -217,9 +217,19 @@ def prefect_doing() -> str:
     return "starting Prefect's temporary server"
 
 
+#: the examples ``ppoflow train --help`` ends with
+TRAIN_EXAMPLES = (
+    "Examples: ppoflow train demo-cpu · "
+    "ppoflow train configs/demo-cpu.yaml actor_rollout_ref.rollout.n=8 "
+    "trainer.total_training_steps=50 --run-dir runs/demo-n8 · every key with its default and "
+    "meaning: ppoflow config defaults; a config resolved with overrides: "
+    "ppoflow config show --config FILE key=value …"
+)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``train`` command to the ``ppoflow`` app."""
-    app.command("train")(train_command)
+    app.command("train", epilog=TRAIN_EXAMPLES)(train_command)
 
 
 __all__ = ["register", "train_command", "train_in_phases"]

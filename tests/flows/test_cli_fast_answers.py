@@ -62,3 +62,17 @@ def test_a_good_command_line_passes_the_check(capsys):
 
     check_command_line(["train", "demo-cpu", "trainer.total_training_steps=1", "--run-dir", "x"])
     assert capsys.readouterr().err == ""
+
+
+def test_train_help_ends_with_examples_that_parse_and_points_to_config_defaults():
+    from typer.testing import CliRunner
+
+    from flows.cli.app import app, check_command_line
+    from flows.cli.train import TRAIN_EXAMPLES
+
+    result = CliRunner().invoke(app, ["train", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "ppoflow config defaults" in text and "Examples: ppoflow train demo-cpu" in text
+    for example in TRAIN_EXAMPLES.removeprefix("Examples: ").split(" · ")[:2]:
+        check_command_line(example.split()[1:])  # each example parses, its config is there
