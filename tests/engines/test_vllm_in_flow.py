@@ -85,6 +85,20 @@ def initial_model_log_probs(model_dir: Path, rollout) -> torch.Tensor:
     return log_probs
 
 
+def assert_step_2_sampled_with_updated_weights(store: RunStore, model_dir: Path) -> None:
+    """Step 2's rollout came from vLLM after the sync of step 1's update: its log-probs equal the
+    actor's recomputed ones within the backends' bound (1e-4), and the update moved those away
+    from the initial model's (by more than 1e-2), so the equality is not the untouched weights'."""
+    rollout = load_stage_artifact(store.artifact_path(2, "rollout")).batch  # input_ids rebuilt
+    actor = load_artifact(store.artifact_path(2, "old_log_prob")).batch
+    mask = rollout["response_mask"].bool()
+    vllm_vs_actor = (rollout["rollout_log_probs"] - actor["old_log_probs"])[mask].abs().max()
+    initial = initial_model_log_probs(model_dir, rollout)
+    initial_vs_actor = (initial - actor["old_log_probs"])[mask].abs().max()
+    assert initial_vs_actor > 1e-2, float(initial_vs_actor)  # the update moved the log-probs
+    assert vllm_vs_actor < 1e-4, float(vllm_vs_actor)  # and vLLM sampled with the new weights
+
+
 @pytest.mark.usefixtures("prefect_server")
 def test_grpo_two_steps_with_vllm_rollouts(demo_inputs, tmp_path):
     result = train(
@@ -103,15 +117,7 @@ def test_grpo_two_steps_with_vllm_rollouts(demo_inputs, tmp_path):
         assert math.isfinite(metrics["actor/pg_loss"]) and metrics["response_length/mean"] > 0
     assert result.val_after is not None and math.isfinite(result.val_after)
 
-    # step 2: vLLM sampled with the updated weights (synced after step 1's update)
-    rollout = load_stage_artifact(store.artifact_path(2, "rollout")).batch  # input_ids rebuilt
-    actor = load_artifact(store.artifact_path(2, "old_log_prob")).batch
-    mask = rollout["response_mask"].bool()
-    vllm_vs_actor = (rollout["rollout_log_probs"] - actor["old_log_probs"])[mask].abs().max()
-    initial = initial_model_log_probs(demo_inputs / "model", rollout)
-    initial_vs_actor = (initial - actor["old_log_probs"])[mask].abs().max()
-    assert initial_vs_actor > 1e-2, float(initial_vs_actor)  # the update moved the log-probs
-    assert vllm_vs_actor < 1e-4, float(vllm_vs_actor)  # and vLLM sampled with the new weights
+    assert_step_2_sampled_with_updated_weights(store, demo_inputs / "model")
 
 
 @pytest.mark.usefixtures("prefect_server")
@@ -130,12 +136,4 @@ def test_lora_adapters_reach_vllm_as_merged_weights(demo_inputs, tmp_path):
         str(tmp_path / "run"),
     )
     assert len(result.history) == 2
-    store = RunStore(result.run_dir)
-    rollout = load_stage_artifact(store.artifact_path(2, "rollout")).batch
-    actor = load_artifact(store.artifact_path(2, "old_log_prob")).batch
-    mask = rollout["response_mask"].bool()
-    vllm_vs_actor = (rollout["rollout_log_probs"] - actor["old_log_probs"])[mask].abs().max()
-    initial = initial_model_log_probs(demo_inputs / "model", rollout)
-    initial_vs_actor = (initial - actor["old_log_probs"])[mask].abs().max()
-    assert initial_vs_actor > 1e-2, float(initial_vs_actor)  # the adapters moved the log-probs
-    assert vllm_vs_actor < 1e-4, float(vllm_vs_actor)  # and vLLM sampled with the merged weights
+    assert_step_2_sampled_with_updated_weights(RunStore(result.run_dir), demo_inputs / "model")

@@ -86,6 +86,12 @@ def test_lora_grpo_with_a_kl_loss_trains_the_adapters_on_the_base(
     assert all(step["actor/kl_loss"] >= 0 for step in result.history)
     assert result.history[-1]["actor/kl_loss"] > 0  # the adapted policy moved off its base
 
+    # exporting an adapter checkpoint is refused in one line, saying it is not implemented
+    from flows.export import ActorCheckpoint
+
+    with pytest.raises(NotImplementedError, match=r"holds LoRA adapters .* not implemented"):
+        ActorCheckpoint.at(tmp_path / "checkpoints" / "global_step_2")
+
 
 # --- kill -9 and resume ---------------------------------------------------------------------------
 
