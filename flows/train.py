@@ -74,7 +74,12 @@ from flows.process.own_process import prepare_own_process
 from flows.process.prefect_server import describe_prefect
 from flows.process.server_guard import server_lost
 from flows.process.startup import Startup, current_startup, describe_model, describe_sinks
-from flows.process.stop_signals import is_stop, signals_deferred
+from flows.process.stop_signals import (
+    is_stop,
+    latch_stop_signals,
+    raise_if_stop_requested,
+    signals_deferred,
+)
 from flows.runs.checkpoints import (
     checkpoint_metrics,
     checkpoint_run,
@@ -520,36 +525,8 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
     status = "FAILED"
     publisher = Publisher()
     try:
-        result.mlflow_run_id = run.sinks.run_ids.get("mlflow")
-        if cfg.trainer.val_before_train:
-            result.val_before, val_metrics = run_validation(run, run.start_step - 1)
-            run.log(val_metrics, run.start_step - 1)
-            result.before_training.update(val_metrics)
-        last = run.start_step - 1 if cfg.trainer.val_only else run.total_steps
-        for step in range(run.start_step, last + 1):
-            metrics, records = train_step(run, step)
-            val_score = None
-            save_due = is_due(step, cfg.trainer.save_freq, run.total_steps)
-            if is_due(step, cfg.trainer.test_freq, run.total_steps):
-                publisher.wait()  # validation logs through the same sinks
-                try:
-                    result.val_after, val_metrics = run_validation(run, step)
-                except Exception:
-                    if save_due:  # the step's training is kept (without its validation)
-                        save_checkpoint(run, step, metrics)
-                    raise
-                val_score = result.val_after
-                metrics.update(val_metrics)
-            if save_due:
-                save_checkpoint(run, step, metrics)
-            run.retention.after_step(step)
-            publisher.submit(
-                publish_step, run, step, records, metrics, result.mlflow_run_id, val_score
-            )
-            run.progress.step(step, metrics)
-            result.history.append(metrics)
-        publisher.close()
-        record_run_info(run)
+        with latch_stop_signals():  # a stop whose exception was swallowed still ends the run
+            _train_steps(run, result, publisher)
         status = "FINISHED"
     except BaseException as err:
         if is_stop(err):  # SIGTERM / SIGINT (flows/process/stop_signals.py)
@@ -569,6 +546,42 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
                 run.lock.release()
     run.progress.summary(summary_rows(result, cfg))
     return result
+
+
+def _train_steps(run: TrainRun, result: TrainResult, publisher: Publisher) -> None:
+    """The training loop of :func:`_train`: validation before training, the steps with their
+    validations, checkpoints, retention and publishing; a latched stop signal ends it at a step
+    boundary (flows/process/stop_signals.py ``raise_if_stop_requested``)."""
+    cfg = run.cfg
+    result.mlflow_run_id = run.sinks.run_ids.get("mlflow")
+    if cfg.trainer.val_before_train:
+        result.val_before, val_metrics = run_validation(run, run.start_step - 1)
+        run.log(val_metrics, run.start_step - 1)
+        result.before_training.update(val_metrics)
+    last = run.start_step - 1 if cfg.trainer.val_only else run.total_steps
+    for step in range(run.start_step, last + 1):
+        raise_if_stop_requested()
+        metrics, records = train_step(run, step)
+        val_score = None
+        save_due = is_due(step, cfg.trainer.save_freq, run.total_steps)
+        if is_due(step, cfg.trainer.test_freq, run.total_steps):
+            publisher.wait()  # validation logs through the same sinks
+            try:
+                result.val_after, val_metrics = run_validation(run, step)
+            except Exception:
+                if save_due:  # the step's training is kept (without its validation)
+                    save_checkpoint(run, step, metrics)
+                raise
+            val_score = result.val_after
+            metrics.update(val_metrics)
+        if save_due:
+            save_checkpoint(run, step, metrics)
+        run.retention.after_step(step)
+        publisher.submit(publish_step, run, step, records, metrics, result.mlflow_run_id, val_score)
+        run.progress.step(step, metrics)
+        result.history.append(metrics)
+    publisher.close()
+    record_run_info(run)
 
 
 def summary_rows(result: TrainResult, cfg: PPORunConfig) -> dict[str, Any]:

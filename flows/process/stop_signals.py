@@ -15,6 +15,14 @@ leaves each one complete or absent. A checkpoint that is being written when the 
 finished first (:func:`signals_deferred` holds the signal until the block ends), so a stop
 during a due checkpoint does not lose it. The same holds for the signal by which the loss of
 Prefect's temporary server stops a run (:data:`DEFERRED_SIGNALS`, flows/process/server_guard.py).
+
+A stop is also latched: every stop signal that reaches a handler of ours is recorded before the
+handler runs on (:func:`latch_stop_signals`, installed over Prefect's handler for the training
+loop), and the loop asks :func:`raise_if_stop_requested` at each step boundary. The exception a
+handler raises lands wherever the main thread happens to be; code there that catches
+``BaseException`` and goes on (a library's wait loop recording it on a future nobody reads) would
+otherwise lose the stop, and the run would train to its end (seen once in CI, on a loaded
+machine). With the latch such a stop still ends the run, at the next step boundary.
 """
 
 from __future__ import annotations
@@ -22,8 +30,9 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: held by :func:`signals_deferred`: the stop signals and the server guard's (SIGURG,
@@ -40,8 +49,71 @@ class RunStopped(BaseException):
         self.signum = signum
 
 
+class StopLatch:
+    """The first stop signal that reached a handler of ours since :meth:`clear`."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def record(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def clear(self) -> None:
+        self.signum = None
+
+
+#: the process's latch (the signal handlers are process-wide too)
+LATCH = StopLatch()
+
+
 def _raise_stopped(signum: int, frame: object) -> None:
+    LATCH.record(signum)
     raise RunStopped(signum)
+
+
+def _latching(previous: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
+    def handler(signum: int, frame: Any) -> Any:
+        LATCH.record(signum)
+        return previous(signum, frame)
+
+    return handler
+
+
+@contextmanager
+def latch_stop_signals() -> Iterator[None]:
+    """Inside the block every stop signal (:data:`STOP_SIGNALS`) whose handler is a Python
+    function is recorded in :data:`LATCH` and then handled as before (Prefect's handler raises
+    ``TerminationSignal``, Python's SIGINT handler ``KeyboardInterrupt``); a signal that is
+    ignored or left to the operating system is left so. The handlers in place before are
+    restored after. Outside the main thread the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    wrapped = {signum: handler for signum, handler in previous.items() if callable(handler)}
+    for signum, handler in wrapped.items():
+        signal.signal(signum, _latching(handler))
+    try:
+        yield
+    finally:
+        for signum, handler in wrapped.items():
+            signal.signal(signum, handler)
+
+
+def raise_if_stop_requested() -> None:
+    """Raise :class:`RunStopped` for the latched stop signal, if one came (module docstring).
+
+    >>> LATCH.clear(); raise_if_stop_requested()  # nothing came: nothing happens
+    >>> LATCH.record(signal.SIGTERM)
+    >>> raise_if_stop_requested()
+    Traceback (most recent call last):
+    ...
+    flows.process.stop_signals.RunStopped: SIGTERM
+    >>> LATCH.clear()
+    """
+    if LATCH.signum is not None:
+        raise RunStopped(LATCH.signum)
 
 
 @contextmanager
@@ -52,6 +124,7 @@ def stop_on_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    LATCH.clear()  # a stop of an earlier command in this process is not this one's
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
         yield
@@ -154,10 +227,14 @@ def exit_code(stopped: BaseException) -> int:
 
 __all__ = [
     "DEFERRED_SIGNALS",
+    "LATCH",
     "STOP_SIGNALS",
     "RunStopped",
+    "StopLatch",
     "exit_code",
     "is_stop",
+    "latch_stop_signals",
+    "raise_if_stop_requested",
     "signals_deferred",
     "stop_in",
     "stop_line",
