@@ -28,6 +28,13 @@
   lack are then sent again, and :attr:`MLflowLogger.settled` tells when none is left. A metric
   sent again with the timestamp it was first given (``log_metrics(…, timestamp_ms=)``) is the
   same point, which MLflow's store keeps once.
+* A run created by a process that died before it answered: a logger given a ``creation_token``
+  tags the run it creates with it (``ppoflow.creation_token``, in the same ``create_run`` call),
+  and looks for a run with that tag before creating one, so the logger of a replacement process
+  goes on with that run instead of starting a second one.
+* Pending values (:meth:`MLflowLogger.log_pending`): the rows of a pending file
+  (flows/sinks/pending.py) are logged with the step and timestamp they carry, so a value that
+  reached the store before is the same point.
 * Params: the resolved config flattened to dotted keys; a value longer than MLflow's limit
   (6000 characters) is truncated with a note saying so, and the full config is logged as the
   artifact ``config.json``.
@@ -107,6 +114,8 @@ PLOTS_ARTIFACT_DIR = "plots"
 #: the metric whose history says which steps a run holds (every training step logs it)
 STEP_METRIC = "training/global_step"
 CHANGED_PARAMS_TAG = "ppoflow.changed_params"
+#: the tag that names the logger settings a run was created with (module docstring)
+CREATION_TOKEN_TAG = "ppoflow.creation_token"
 TRANSIENT_ERROR_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"}
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 #: the experiment tag MLflow 3's UI reads to choose its view, and the kind a training run is
@@ -200,6 +209,8 @@ class MLflowLogger:
             :meth:`continue_run` can name an existing run first.
         system_metrics_interval_s: sample the machine's system metrics into the run every this
             many seconds (module docstring); None = none.
+        creation_token: tag the run this logger creates with it, and go on with a run that
+            holds it already instead of creating one (module docstring); None = always create.
     """
 
     def __init__(
@@ -213,6 +224,7 @@ class MLflowLogger:
         retry_interval_s: float = 30.0,
         deferred: bool = False,
         system_metrics_interval_s: float | None = None,
+        creation_token: str | None = None,
     ) -> None:
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
@@ -244,6 +256,7 @@ class MLflowLogger:
         self._taken_over = False  # go on with a dead logger's run (take_over)
         self._system_interval_s = system_metrics_interval_s
         self._system_monitor: Any = None  # mlflow.system_metrics' monitor, once the run exists
+        self._creation_token = creation_token
         if not deferred:
             self._drain(force=True)
 
@@ -348,6 +361,21 @@ class MLflowLogger:
                 self._names_dirty = True
             entries.append(Metric(safe, float(value), now, int(step)))
         self._queue.append(("metrics", entries))
+        self._drain()
+
+    def log_pending(self, rows: Iterable[tuple[str, float | str, int, int]]) -> None:
+        """Log pending-file rows ``(key, value, step, ts_ms)`` (a non-finite value as its
+        ``repr``) at their own steps and timestamps (module docstring)."""
+        by_step: dict[tuple[int, int], list[Metric]] = {}
+        for key, value, step, ts in rows:
+            safe = sanitize_metric_name(key)
+            if safe not in self._names:
+                self._names[safe] = key
+                self._names_dirty = True
+            metric = Metric(safe, float(value), int(ts), int(step))
+            by_step.setdefault((int(step), int(ts)), []).append(metric)
+        for entries in by_step.values():
+            self._queue.append(("metrics", entries))
         self._drain()
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
@@ -499,7 +527,36 @@ class MLflowLogger:
             found = self._client.get_experiment_by_name(self.project)
         if not found.tags.get(EXPERIMENT_KIND_TAG):
             self._client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
-        return self._client.create_run(found.experiment_id, run_name=self.experiment).info.run_id
+        if self._creation_token is None:
+            return self._client.create_run(
+                found.experiment_id, run_name=self.experiment
+            ).info.run_id
+        created = self._created_before(found.experiment_id)
+        if created is not None:
+            return created
+        tags = {CREATION_TOKEN_TAG: self._creation_token}
+        run = self._client.create_run(found.experiment_id, run_name=self.experiment, tags=tags)
+        return run.info.run_id
+
+    def _created_before(self, experiment_id: str) -> str | None:
+        """The run of this experiment tagged with this logger's creation token (created by a
+        logger whose process died before it answered), read back as :meth:`take_over` does; None
+        when there is none."""
+        found = self._client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{CREATION_TOKEN_TAG}` = '{self._creation_token}'",
+            max_results=1,
+        )
+        if not found:
+            return None
+        run_id = found[0].info.run_id
+        self._read_back(run_id)
+        log.info(
+            "MLflow: run %s was created by a process that ended before it answered; this one "
+            "goes on with it",
+            run_id,
+        )
+        return run_id
 
     def _catch_up(self, run_id: str, history: dict[int, dict[str, float]]) -> None:
         """Mark a continued run RUNNING, read what it holds, replay the steps it lacks."""

@@ -57,8 +57,15 @@ Faults of the process itself (docs/reliability.md):
   after the metrics of the calls still queued here were appended to
   ``<run_dir>/mlflow_pending.jsonl`` (flows/sinks/pending.py); its one line names the process,
   how it ended and what was saved where, and the fan-out retires the sink with it, saving that
-  step's and each later step's metrics to the same file (flows/sinks/fanout.py). The MLflow run
-  then stays ``RUNNING``, as after a ``kill -9`` of the whole training.
+  step's and each later step's metrics to the same file (flows/sinks/fanout.py). At the run's
+  end :meth:`~MLflowProcessSink.close` makes one last attempt: a new process takes over the run,
+  is sent the pending file's values (their steps and timestamps kept, so a value the store held
+  already is the same point) and ends the run with the training's status; the file is then
+  removed. If that process is lost too, the file is left whole and the MLflow run stays
+  ``RUNNING``, as after a ``kill -9`` of the whole training; one line says which.
+* **No second run.** Each sink gives its processes one ``creation_token``: a process that
+  created the MLflow run and died before it answered leaves a run tagged with it, which the
+  replacement's logger finds and goes on with (flows/sinks/mlflow_logger.py).
 * **No orphan.** The process ends when its request pipe closes: after
   :meth:`~MLflowProcessSink.close`, or when the training process dies (``kill -9``), which leaves
   the MLflow run as a killed in-process logger would. A thread in it also ends it once the
@@ -80,6 +87,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import suppress
@@ -91,7 +99,7 @@ from typing import Any
 from flows.process.start_up_gc import pause as pause_collector
 from flows.process.start_up_gc import resume as resume_collector
 from flows.sinks.contract import SinkGaveUp
-from flows.sinks.pending import append_pending, pending_file
+from flows.sinks.pending import append_pending, pending_file, read_pending
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +239,11 @@ class MLflowProcessSink:
             "tracking_uri": tracking_uri,
             "system_metrics_interval_s": system_metrics_interval_s,
         }
-        settings = {"logger": {**logger, "run_dir": run_path}, "output": output}
+        token = uuid.uuid4().hex  # one per sink: its replacement processes share it
+        settings = {
+            "logger": {**logger, "run_dir": run_path, "creation_token": token},
+            "output": output,
+        }
         sink = cls(
             _ahead.pop() if _ahead else _Process.launch(),
             tracking_uri,
@@ -289,9 +301,72 @@ class MLflowProcessSink:
             with self._lock:
                 if self._gone is None:
                     self._deliver(("close", (status,)), closing=True)
+                else:
+                    self._last_attempt(status)
         finally:
             self._closed = True
             self._child.end()
+
+    def _last_attempt(self, status: str) -> None:
+        """A sink that gave up: one more process takes over the run, gets the pending file's
+        values and ends the run with ``status`` (module docstring). The file is set aside while
+        they are sent, removed once the run is ended (what the logger could not store then is
+        in a new pending file), and put back if the process is lost too."""
+        run_dir = self._settings["logger"]["run_dir"]
+        if run_dir is None:
+            return
+        path = pending_file(run_dir, "mlflow")
+        aside = path.with_name(path.name + ".sending")
+        if path.exists():
+            os.replace(path, aside)
+        rows = read_pending(aside)
+        self._child.kill()
+        try:
+            self._child = _Process.launch()
+        except OSError as err:
+            self._restore_pending(aside, path)
+            log.warning("MLflow: no process could be launched to end run %s: %s", self.run_id, err)
+            return
+        self._opened, self._start_reply, self._built = None, None, False
+        self._unsettled, self._delivered = [], 0
+        self._awaiting.clear()
+        self._handing_over, self._gone = True, None
+        self.max_restarts = self.restarts  # the next loss gives up at once
+        self._send_settings()
+        try:
+            if rows:
+                self._deliver(("log_pending", ([list(row) for row in rows],)), closing=False)
+            self._deliver(("close", (status,)), closing=True)
+            if not self._opened:
+                raise MLflowProcessError("its logger did not start")
+        except Exception as gone:  # lost again (MLflowProcessGone), or the store refused it
+            self._restore_pending(aside, path)
+            log.warning(
+                "MLflow: the last attempt to end run %s %s failed: %s; it stays RUNNING and %s "
+                "keeps the %d values it was to send",
+                self.run_id or "(none)",
+                status,
+                gone,
+                path,
+                len(rows),
+            )
+            return
+        aside.unlink(missing_ok=True)
+        log.warning(
+            "MLflow: run %s ended %s by a last process%s",
+            self.run_id,
+            status,
+            f", which stored the {len(rows)} values saved to {path}" if rows else "",
+        )
+
+    @staticmethod
+    def _restore_pending(aside: Path, path: Path) -> None:
+        """Put the set-aside rows back in front of any the failed attempt appended."""
+        if not aside.exists():
+            return
+        if path.exists():
+            aside.write_text(aside.read_text() + path.read_text())
+        os.replace(aside, path)
 
     # --- requests ---
 
@@ -502,8 +577,8 @@ class MLflowProcessSink:
         self._awaiting.clear()
         self._gone = MLflowProcessGone(
             f"the MLflow process (pid {pid}) {lost.how}{launch}, with {self.restarts} of "
-            f"{self.max_restarts} restarts used: the sink stops, MLflow run "
-            f"{self.run_id or '(none)'} stays RUNNING, and {saved}"
+            f"{self.max_restarts} restarts used: the sink stops until the run's end, when one "
+            f"more process ends MLflow run {self.run_id or '(none)'}; {saved}"
         )
         return self._gone
 

@@ -51,4 +51,30 @@ def append_pending(path: Path, values: Iterable[tuple[str, float, int, int]]) ->
     return len(rows)
 
 
-__all__ = ["PENDING_SUFFIX", "append_pending", "pending_file"]
+def read_pending(path: Path) -> list[tuple[str, float, int, int]]:
+    """The rows of ``path`` as ``(key, value, step, ts_ms)`` (a non-finite value back to its
+    float); ``[]`` when the file does not exist. A line cut short by a kill mid-append is
+    skipped.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = pending_file(tmp, "mlflow")
+    ...     _ = append_pending(path, [("a", float("inf"), 2, 5), ("b", 1.5, 3, 6)])
+    ...     with path.open("a") as out:
+    ...         _ = out.write('{"key": "c", "val')
+    ...     read_pending(path)
+    [('a', inf, 2, 5), ('b', 1.5, 3, 6)]
+    """
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+            rows.append((str(row["key"]), float(row["value"]), int(row["step"]), int(row["ts"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return rows
+
+
+__all__ = ["PENDING_SUFFIX", "append_pending", "pending_file", "read_pending"]

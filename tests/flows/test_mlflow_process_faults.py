@@ -246,6 +246,42 @@ def test_a_step_stored_just_before_the_death_is_held_once(tmp_path, store_uri, m
     assert history(store_uri, sink.run_id, "a") == [(1, 1.0), (2, 2.0), (3, 3.0)]
 
 
+def test_a_run_created_by_a_process_that_died_before_answering_is_not_created_twice(
+    tmp_path, store_uri, monkeypatch
+):
+    """The process created the MLflow run at the first call and died before its answer was read
+    (injected at the pipe, as above): the replacement must go on with that run, not start a
+    second one. Without the creation token the experiment holds two runs."""
+    sink = start(tmp_path, store_uri, "created-then-killed")
+    receive = mlflow_process._Process.receive
+    dropped = []
+
+    def receive_or_die(process, deadline):
+        reply = receive(process, deadline)
+        if not dropped and sink._unsettled and sink._unsettled[-1][0] == "log_metrics":
+            dropped.append(process.popen.pid)
+            os.kill(process.popen.pid, signal.SIGKILL)
+            process.popen.wait()
+            raise EOFError("the MLflow process closed its reply pipe")
+        return reply
+
+    monkeypatch.setattr(mlflow_process._Process, "receive", receive_or_die)
+    try:
+        sink.log_metrics({"a": 1.0, "training/global_step": 1.0}, 1)  # creates the run; lost
+        assert dropped and sink.restarts == 1 and sink.run_id is None
+        sink.log_metrics({"a": 2.0, "training/global_step": 2.0}, 2)
+    finally:
+        sink.close("FINISHED")
+    client = MlflowClient(store_uri)
+    (experiment,) = [e for e in client.search_experiments() if e.name == "proj"]
+    runs = client.search_runs(
+        [experiment.experiment_id], filter_string="attributes.run_name = 'created-then-killed'"
+    )
+    assert [run.info.run_id for run in runs] == [sink.run_id]
+    assert runs[0].info.status == "FINISHED"
+    assert history(store_uri, sink.run_id, "a") == [(1, 1.0), (2, 2.0)]
+
+
 @pytest.mark.slow
 def test_what_the_dead_process_had_queued_in_an_outage_is_sent_by_the_next(
     tmp_path, store_uri, caplog
@@ -308,7 +344,6 @@ def test_past_its_restarts_the_sink_is_retired_in_one_line_and_the_pending_file_
         os.kill(second, signal.SIGKILL)
         sinks.log_metrics({"a": 3.0, "b": 3.5}, 3)  # past the bound: retired
         sinks.log_metrics({"a": 4.0, "b": 4.5}, 4)
-        sinks.close("FINISHED")
     assert "mlflow" in sinks.retired and sink.restarts == 1
     retired = [r for r in caplog.records if "retired" in r.getMessage()]
     assert len(retired) == 1, [r.getMessage() for r in retired]
@@ -328,10 +363,47 @@ def test_past_its_restarts_the_sink_is_retired_in_one_line_and_the_pending_file_
         ("b", 4.5, 4),
     ]
     assert len(restarts_logged(caplog)) == 1
-    assert not alive(first) and not alive(second) and not alive(sink.pid)
+    assert not alive(first) and not alive(second)
+    with caplog.at_level(logging.WARNING):
+        sinks.close("FINISHED")
+    assert not alive(sink.pid)
+    # the last attempt at close: the pending values reach the run, which ends FINISHED
+    (ended,) = [r.getMessage() for r in caplog.records if "by a last process" in r.getMessage()]
+    assert f"run {sink.run_id} ended FINISHED" in ended and f"6 values saved to {pending}" in ended
     run = MlflowClient(store_uri).get_run(sink.run_id)
-    assert history(store_uri, sink.run_id, "a") == [(1, 1.0)]
-    assert run.info.status == "RUNNING"  # nobody is left to end it, as after a kill -9
+    assert history(store_uri, sink.run_id, "a") == [(s, float(s)) for s in (1, 2, 3, 4)]
+    assert history(store_uri, sink.run_id, "b")[1:] == [(2, 2.5), (3, 3.5), (4, 4.5)]
+    assert run.info.status == "FINISHED"
+    assert not pending.exists() and not list(tmp_path.glob("*.sending"))
+
+
+def test_a_last_attempt_that_fails_keeps_the_pending_file_whole_and_the_run_running(
+    tmp_path, store_uri, caplog, monkeypatch
+):
+    sink = start(tmp_path, store_uri, "last-attempt-fails", max_restarts=0)
+    sinks = MetricSinks({"mlflow": sink}, run_dir=str(tmp_path))
+    with caplog.at_level(logging.WARNING):
+        sinks.log_metrics({"a": 1.0}, 1)
+        os.kill(sink.pid, signal.SIGKILL)
+        sinks.log_metrics({"a": 2.0}, 2)  # no restart allowed: retired, step 2 pending
+        sinks.log_metrics({"a": 3.0}, 3)
+        assert "mlflow" in sinks.retired
+        pending = tmp_path / PENDING_FILE
+        before = pending.read_text()
+
+        def no_process():
+            raise OSError("[Errno 12] Cannot allocate memory")
+
+        monkeypatch.setattr(mlflow_process._Process, "launch", staticmethod(no_process))
+        sinks.close("FAILED")
+    (line,) = [
+        r.getMessage() for r in caplog.records if "no process could be launched" in r.getMessage()
+    ]
+    assert f"end run {sink.run_id}" in line and "Cannot allocate memory" in line
+    assert pending.read_text() == before  # whole, in its order
+    assert [json.loads(row)["step"] for row in before.splitlines()] == [2, 3]
+    assert MlflowClient(store_uri).get_run(sink.run_id).info.status == "RUNNING"
+    assert not list(tmp_path.glob("*.sending"))
 
 
 # --- no orphan -----------------------------------------------------------------------------------
