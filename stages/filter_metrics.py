@@ -6,6 +6,11 @@ A registered name reads a column every scored batch holds:
 - ``reward`` (verl 0.9.1's name) and ``seq_reward`` (verl's DAPO recipe's): ``seq_scores``, the
   sample's score Σ_t rm_scores: the scorer's score plus the overlong penalty when that is on, no
   KL penalty (filtering happens before the KL).
+- ``seq_final_reward`` (the DAPO recipe's): Σ_t token_level_rewards, the reward the advantage
+  reads. The rounds filter before the reference policy runs, so it is ``seq_scores`` too, which
+  is verl's value exactly when no KL penalty is in the reward; the entry declares
+  ``differs_with_kl_in_reward``, and the config refuses it with ``algorithm.use_kl_in_reward``
+  (stages/config/checks_dapo.py).
 
 Any other name is a reward extra the scorers return (``acc`` for the demo task and verl's math
 scorers), read from the batch's non-tensor column of that name. A name that is neither is an
@@ -15,6 +20,7 @@ error (:class:`FilterMetricError`) raised at the first generation round, before 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,7 +28,17 @@ from dataproto import DataProto
 from dataproto import keys as K
 from stages.registry import Registry
 
-FilterMetric = Callable[[DataProto], np.ndarray]
+
+@dataclass(frozen=True)
+class FilterMetric:
+    """A registered filter metric: ``values(batch) -> (B,) float64``;
+    ``differs_with_kl_in_reward``: verl's value includes the in-reward KL penalty, which the
+    rounds do not have yet (module docstring)."""
+
+    values: Callable[[DataProto], np.ndarray]
+    differs_with_kl_in_reward: bool = False
+
+
 FILTER_METRICS = Registry[FilterMetric]("filter_groups metric")
 
 
@@ -30,13 +46,14 @@ class FilterMetricError(ValueError):
     """``algorithm.filter_groups.metric`` names a value no scorer returned."""
 
 
-@FILTER_METRICS.register("reward")
 def sequence_score(batch: DataProto) -> np.ndarray:
     """(B,) float64 ``seq_scores``."""
     return batch.batch[K.SEQ_SCORES].detach().cpu().double().numpy()
 
 
-FILTER_METRICS.add("seq_reward", sequence_score)
+FILTER_METRICS.add("reward", FilterMetric(sequence_score))
+FILTER_METRICS.add("seq_reward", FilterMetric(sequence_score))
+FILTER_METRICS.add("seq_final_reward", FilterMetric(sequence_score, differs_with_kl_in_reward=True))
 
 
 def filter_values(batch: DataProto, name: str) -> np.ndarray:
@@ -46,7 +63,7 @@ def filter_values(batch: DataProto, name: str) -> np.ndarray:
         FilterMetricError: ``name`` is neither registered nor a reward extra of the batch.
     """
     if name in FILTER_METRICS:
-        return FILTER_METRICS.get(name)(batch)
+        return FILTER_METRICS.get(name).values(batch)
     extras = list(batch.meta_info.get(K.REWARD_EXTRA_KEYS, []))
     if name not in extras or name not in batch.non_tensor_batch:
         raise FilterMetricError(

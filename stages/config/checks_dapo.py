@@ -46,6 +46,24 @@ def dynamic_sampling_problems(cfg: PPORunConfig) -> list[str]:
             f"sample, which is always kept, so nothing is ever filtered{limit}; set n ≥ 2 or "
             f"{FG}.enable = false"
         )
+    if fg.enable and cfg.algorithm.use_kl_in_reward:
+        problems += _metric_with_kl_problems(fg.metric)
+    return problems
+
+
+def _metric_with_kl_problems(metric: str) -> list[str]:
+    """A filter metric whose verl value includes the in-reward KL penalty cannot be read in a
+    generation round (stages/filter_metrics.py)."""
+    from stages.filter_metrics import FILTER_METRICS  # torch: only when the case can arise
+
+    problems = []
+    if metric in FILTER_METRICS and FILTER_METRICS.get(metric).differs_with_kl_in_reward:
+        problems.append(
+            f"{FG}.metric = {metric!r} with algorithm.use_kl_in_reward = true: the generation "
+            f"rounds filter before the reference policy runs, so the KL penalty this metric "
+            f"includes is not known yet; use 'seq_reward' (the score without the penalty) or "
+            f"set algorithm.use_kl_in_reward = false"
+        )
     return problems
 
 

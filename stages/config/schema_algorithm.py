@@ -158,7 +158,7 @@ class FilterGroupsConfig(ConfigModel):
     metric: str = Field(
         FILTER_GROUPS_DEFAULTS["metric"],
         min_length=1,
-        description="What is compared within a group: a name in stages.filter_metrics.FILTER_METRICS (reward or seq_reward: the score Σ rm_scores, overlong penalty included, no KL) or a reward extra every scorer returns (e.g. acc); a name no scorer returns stops the run at the first generation round (name)",
+        description="What is compared within a group: a name in stages.filter_metrics.FILTER_METRICS (reward, seq_reward, or seq_final_reward: the score Σ rm_scores, overlong penalty included, no KL; seq_final_reward is refused with use_kl_in_reward) or a reward extra every scorer returns (e.g. acc); a name no scorer returns stops the run at the first generation round (name)",
     )
     max_num_gen_batches: int = Field(
         FILTER_GROUPS_DEFAULTS["max_num_gen_batches"],

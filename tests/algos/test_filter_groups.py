@@ -59,3 +59,24 @@ def test_trim_keeps_the_first_groups_whole():
 def test_values_must_match_uid():
     with pytest.raises(ValueError, match=r"shape \(3,\)"):
         group_spread(np.array([1, 1, 2]), np.array([1.0, 2.0]))
+
+
+def test_the_recipes_metric_names_read_the_sequence_score_and_an_extra():
+    """``reward``, ``seq_reward`` and ``seq_final_reward`` (no KL in the reward) read Σ rm_scores;
+    another name is a reward extra; a name that is neither is one error naming the extras."""
+    import torch
+
+    from dataproto import DataProto
+    from dataproto import keys as K
+    from stages.filter_metrics import FilterMetricError, filter_values
+
+    batch = DataProto.from_dict(
+        tensors={K.SEQ_SCORES: torch.tensor([1.0, 0.0, 0.5])},
+        non_tensors={"acc": np.array([1, 0, 1], dtype=object)},
+        meta_info={K.REWARD_EXTRA_KEYS: ["acc"]},
+    )
+    for name in ("reward", "seq_reward", "seq_final_reward"):
+        assert filter_values(batch, name).tolist() == [1.0, 0.0, 0.5], name
+    assert filter_values(batch, "acc").tolist() == [1.0, 0.0, 1.0]
+    with pytest.raises(FilterMetricError, match=r"returned the extras \['acc'\]"):
+        filter_values(batch, "pred")

@@ -103,6 +103,12 @@ CASES = [
       "actor_rollout_ref.rollout.n=1"],
      ["algorithm.filter_groups.enable = true with actor_rollout_ref.rollout.n = 1",
       "max_num_gen_batches = 5 could never be reached", "set n ≥ 2"]),
+    ("dapo-final-reward-with-kl", "DAPO: filtering on `seq_final_reward` with the KL penalty in "
+     "the reward", None,
+     ["algorithm.filter_groups.enable=true", "data.gen_batch_size=96",
+      "algorithm.filter_groups.metric=seq_final_reward", "algorithm.use_kl_in_reward=true"],
+     ["algorithm.filter_groups.metric = 'seq_final_reward' with algorithm.use_kl_in_reward = true",
+      "use 'seq_reward'"]),
     ("dapo-overlong-without-manager", "DAPO: the overlong buffer with verl's naive reward "
      "manager", None, ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=4"],
      ["reward.overlong_buffer.enable = true but reward.reward_manager.name = 'naive' does not "
