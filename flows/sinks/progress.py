@@ -9,7 +9,9 @@ The KL column is the first of :data:`KL_COLUMNS` that the step logged, under its
 no KL column): ``ref_kl`` is the KL to the reference policy (``actor/reward_kl_penalty`` with
 the KL in the reward, else ``actor/kl_loss`` with the KL loss), ``ppo_kl`` the update's KL
 between the new and the old policy (``actor/ppo_kl``), which is not a KL to the reference. ETA =
-remaining steps × the mean ``timing_s/step`` so far. The bar starts at the first
+remaining steps × the mean ``timing_s/step`` so far. With DAPO's dynamic sampling (a step that
+logged :data:`FILTER_GENERATED`) a ``rounds N`` column follows the score: the generation rounds
+the step ran (``train/num_gen_batches``). The bar starts at the first
 :meth:`Progress.validation` or :meth:`Progress.step` call and stops at :meth:`Progress.close`,
 which :meth:`Progress.summary` calls; a run that fails must call ``close`` itself (it is
 idempotent).
@@ -39,6 +41,10 @@ KL_COLUMNS = (
     ("actor/ppo_kl", "ppo_kl"),
 )
 
+#: logged only by a step with dynamic sampling (flows/gen_rounds.py), and its rounds
+FILTER_GENERATED = "training/filter_groups/generated_samples"
+GEN_ROUNDS = "train/num_gen_batches"
+
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:
     """``value`` in ``spec``, "-" when missing or not finite; a value that rounds to zero prints
@@ -57,8 +63,10 @@ def step_fields(metrics: dict[str, float], eta_seconds: float) -> dict[str, str]
     """The formatted columns of a step: score, `` │ ref_kl …`` / `` │ ppo_kl …`` (or ""), step
     time, ETA."""
     kl = next(((metrics[k], label) for k, label in KL_COLUMNS if k in metrics), None)
+    rounds = metrics.get(GEN_ROUNDS) if FILTER_GENERATED in metrics else None
     return {
         "score": _fmt(metrics.get(SCORE)),
+        "rounds": "" if rounds is None else f" │ rounds {_fmt(rounds, '.0f')}",
         "kl": "" if kl is None else f" │ {kl[1]} {_fmt(kl[0], '.4f')}",
         "step_time": _fmt(metrics.get("timing_s/step", float("nan")), ".1f"),
         "eta": _clock(eta_seconds),
@@ -73,9 +81,11 @@ def step_line(step: int, total: int, fields: dict[str, str]) -> str:
     'step 3/10 │ score 0.412 │ ppo_kl 0.0012 │ 1.4 s │ eta 0:10'
     >>> step_fields({"actor/kl_loss": 0.03, "actor/ppo_kl": 0.0012}, 0.0)["kl"]
     ' │ ref_kl 0.0300'
+    >>> step_fields({FILTER_GENERATED: 768.0, GEN_ROUNDS: 3.0}, 0.0)["rounds"]
+    ' │ rounds 3'
     """
     return (
-        f"step {step}/{total} │ score {fields['score']}{fields['kl']} │ "
+        f"step {step}/{total} │ score {fields['score']}{fields['rounds']}{fields['kl']} │ "
         f"{fields['step_time']} s │ eta {fields['eta']}"
     )
 
@@ -97,7 +107,7 @@ def _bar(console: Console) -> rich_progress.Progress:
         column("[bold]train"),
         rich_progress.BarColumn(),
         rich_progress.MofNCompleteColumn(),
-        column("│ score {task.fields[score]}{task.fields[kl]}"),
+        column("│ score {task.fields[score]}{task.fields[rounds]}{task.fields[kl]}"),
         column("│ {task.fields[step_time]} s/step │ eta {task.fields[eta]} │"),
         rich_progress.TimeElapsedColumn(),
         console=console,
@@ -202,6 +212,6 @@ class Progress:
         if self._bar is not None or not self.uses_bar:
             return
         self._bar = _bar(self.console)
-        fields = {"score": "-", "kl": "", "step_time": "-", "eta": "-"}
+        fields = {"score": "-", "rounds": "", "kl": "", "step_time": "-", "eta": "-"}
         self._task = self._bar.add_task("train", total=self.total, completed=completed, **fields)
         self._bar.start()
