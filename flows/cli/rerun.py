@@ -22,7 +22,7 @@ from stages.config import ConfigError
 def describe(result) -> str:
     """The stages' statuses, the engines built and the metric diff (a ``flows.rerun.RerunResult``),
     as printed by the command."""
-    from flows.rerun import format_diff
+    from flows.rerun_diff import format_diff
 
     lines = [f"re-run of step {result.step} of {result.parent_dir}"]
     for record in result.result.records:

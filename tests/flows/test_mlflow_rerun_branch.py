@@ -9,7 +9,7 @@ import mlflow.artifacts
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.rerun import MetricChange, branch_tags, diff_rows, log_branch_run
+from flows.rerun_diff import MetricChange, branch_tags, diff_rows, log_branch_run
 from flows.runs.identity import config_digest, run_info
 from flows.runs.store import RunStore
 from flows.sinks.mlflow_logger import MLflowLogger

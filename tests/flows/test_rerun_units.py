@@ -6,13 +6,8 @@ import math
 
 import pytest
 
-from flows.rerun import (
-    LazyEngines,
-    format_diff,
-    metric_diff,
-    parent_step,
-    stage_window,
-)
+from flows.rerun import LazyEngines, parent_step, stage_window
+from flows.rerun_diff import format_diff, metric_diff
 from flows.runs.store import RunStore, StepJournal
 
 
