@@ -2,7 +2,7 @@
 and the share of samples that carry no learning signal, against the same run without it.
 
     OMP_NUM_THREADS=1 flock /tmp/ppoflow-train.lock .venv/bin/python bench/dapo_signal.py \
-        [--steps 150] [--test-freq 10]
+        [--steps 150] [--test-freq 10] [--reward dense|pass-fail] [--plot docs/img/FILE.png]
 
 Both sides run ``configs/dapo-cpu.yaml`` (clip-higher, token-mean, overlong shaping, no KL) on a
 fresh demo dataset and tiny model, through ``ppoflow train``:
@@ -21,6 +21,12 @@ advantage is 0: their group's rewards had no spread) and the share of generated 
 filter evicted show where the off side's steps carried nothing. The two sides run one after the
 other (not interleaved: each is one long training); the load average is printed at the start
 and the end. Record the figures in bench/README.md.
+
+``--reward pass-fail`` scores with ``bench/scorers/demo_pass_fail.py`` instead of the demo's
+dense score: 1 when the response starts with the answer, else 0 (the demo scorer's ``acc``), the
+kind of reward dynamic sampling is made for. ``--plot`` draws the validation score against
+generated samples and against wall seconds, and the zero-advantage share of each step's
+training samples, for both sides (the README's figure).
 """
 
 from __future__ import annotations
@@ -39,6 +45,14 @@ REPO = Path(__file__).resolve().parents[1]
 PPOFLOW = Path(sys.executable).with_name("ppoflow")
 N = 4  # rollout.n of demo-cpu.yaml
 VALIDATION = re.compile(r"validation @ step (\d+): score (-?[0-9.]+)")
+PASS_FAIL = REPO / "bench" / "scorers" / "demo_pass_fail.py"
+REWARDS = {
+    "dense": [],
+    "pass-fail": [
+        f"reward.custom_reward_function.path={PASS_FAIL}",
+        "reward.custom_reward_function.name=compute_score",
+    ],
+}
 
 
 def ppoflow(*args: str, env: dict[str, str]) -> str:
@@ -99,6 +113,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--test-freq", type=int, default=10)
+    parser.add_argument("--reward", choices=sorted(REWARDS), default="dense")
+    parser.add_argument("--plot", type=Path, default=None, help="write the figure here (.png)")
     args = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     print(f"load average at start: {os.getloadavg()}")
@@ -109,10 +125,11 @@ def main() -> None:
         sides = {
             "off": run_side(
                 "off",
-                ["algorithm.filter_groups.enable=false", "data.gen_batch_size=64"],
+                ["algorithm.filter_groups.enable=false", "data.gen_batch_size=64",
+                 *REWARDS[args.reward]],
                 root, args, env,
             ),
-            "on": run_side("on", [], root, args, env),
+            "on": run_side("on", REWARDS[args.reward], root, args, env),
         }  # fmt: skip
     print(f"load average at end: {os.getloadavg()}")
     for name, side in sides.items():
@@ -141,6 +158,46 @@ def main() -> None:
             if score_on is None:
                 continue
             print(f"{x:>20.0f} {score_off:>8.3f} {score_on:>8.3f} {score_on - score_off:>+9.3f}")
+    if args.plot is not None:
+        plot(sides, args, args.plot)
+        print(f"\nfigure: {args.plot}")
+
+
+def plot(sides: dict, args, path: Path) -> None:
+    """Three panels: validation score per generated sample and per wall second of steps, and
+    ``signal/zero_adv_sample_frac`` per step, off (baseline) against on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    styles = {
+        "off": ("tab:gray", "no filtering (baseline)"),
+        "on": ("tab:blue", "dynamic sampling"),
+    }
+    for name, side in sides.items():
+        color, label = styles[name]
+        for axis, key in zip(axes[:2], ("samples", "seconds"), strict=True):
+            xs, ys = zip(*at(side, key), strict=True)
+            axis.plot(xs, ys, marker="o", markersize=3, color=color, label=label)
+        steps = [s["step"] for s in side["steps"]]
+        zero = [s.get("signal/zero_adv_sample_frac", float("nan")) for s in side["steps"]]
+        axes[2].plot(steps, zero, color=color, label=label, linewidth=1)
+    axes[0].set(xlabel="generated samples", ylabel="greedy validation score")
+    axes[1].set(xlabel="wall seconds of steps", ylabel="greedy validation score")
+    axes[2].set(xlabel="step", ylabel="trained samples with zero advantage", ylim=(-0.02, 1.02))
+    for axis in axes:
+        axis.grid(alpha=0.3)
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle(
+        f"DAPO dynamic sampling, demo task ({args.reward} reward), 64 groups × 4 per step, "
+        f"{args.steps} steps, tiny model, 2-core CPU",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
