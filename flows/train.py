@@ -58,7 +58,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from prefect import get_run_logger
 from prefect.runtime import flow_run
@@ -106,6 +106,8 @@ from flows.sinks.generations_dump import dump_rollout, dump_validation
 from flows.sinks.progress import SCORE, Progress
 from flows.sinks.publisher import Publisher
 from flows.sinks.step_report import flow_run_tag, publish_step_report, report_key
+from flows.sinks.train_generations import TABLE as TRAIN_TABLE
+from flows.sinks.train_generations import table_due, train_generation_rows
 from flows.step_flow import StepFlow, StepResult, describe_source, run_step
 from flows.validate import validate
 from stages.advantage import KL_METRIC
@@ -388,9 +390,18 @@ def step_metrics(
     return metrics
 
 
-def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRecord]]:
+class StepOutput(NamedTuple):
+    """What :func:`train_step` hands on: the step's metrics, its stage records, and the rows of
+    its training-generations table (flows/sinks/train_generations.py; empty when not due)."""
+
+    metrics: dict[str, float]
+    records: list[StageRecord]
+    generations: list[dict[str, Any]]
+
+
+def train_step(run: TrainRun, step: int) -> StepOutput:
     """Load the next prompts (or generate DAPO's rounds), run the step's stages, update the run
-    state; the step's metrics and its stage records."""
+    state; the step's metrics, its stage records and its generations table's rows."""
     cfg, epoch = run.cfg, run.loader.epoch
     options = {
         "weights_fingerprints": run.lineage.fingerprint,
@@ -419,7 +430,11 @@ def train_step(run: TrainRun, step: int) -> tuple[dict[str, float], list[StageRe
     result.journal.metrics, result.journal.weights = metrics, weights_at_start
     run.store.write_journal(result.journal)
     dump_rollout(cfg.trainer.rollout_data_dir, result.batch, run.tokenizer, step)
-    return metrics, result.records
+    generations = []
+    if table_due(step, cfg.trainer.test_freq, run.total_steps):
+        groups = cfg.ppoflow.log_train_generations
+        generations = train_generation_rows(result.batch, run.tokenizer, step, groups)
+    return StepOutput(metrics, result.records, generations)
 
 
 def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:
@@ -465,12 +480,16 @@ def publish_step(
     metrics: dict,
     mlflow_run_id: str | None,
     val_score: float | None = None,
+    generations: list[dict[str, Any]] | None = None,
 ) -> None:
-    """The step's metrics → the metric sinks, its markdown report → a Prefect artifact keyed
+    """The step's metrics → the metric sinks, its training-generations table's rows (if any) →
+    the sinks' tables, its markdown report → a Prefect artifact keyed
     ``<experiment>-<flow run tag>-step-<k>`` with the run directory and ``val_score`` (the
     step's validation score, None when it did not validate); on the publishing thread,
     flows/sinks/publisher.py."""
     run.log(metrics, step)
+    if generations:
+        run.sinks.log_table(generations, TRAIN_TABLE.format(step=step))
     key = report_key(run.cfg.trainer.experiment_name, flow_run_tag(), step)
     publish_step_report(
         step, records, metrics, mlflow_run_id, key=key, run_dir=run.store.root, val_score=val_score
@@ -561,7 +580,7 @@ def _train_steps(run: TrainRun, result: TrainResult, publisher: Publisher) -> No
     last = run.start_step - 1 if cfg.trainer.val_only else run.total_steps
     for step in range(run.start_step, last + 1):
         raise_if_stop_requested()
-        metrics, records = train_step(run, step)
+        metrics, records, generations = train_step(run, step)
         val_score = None
         save_due = is_due(step, cfg.trainer.save_freq, run.total_steps)
         if is_due(step, cfg.trainer.test_freq, run.total_steps):
@@ -577,7 +596,9 @@ def _train_steps(run: TrainRun, result: TrainResult, publisher: Publisher) -> No
         if save_due:
             save_checkpoint(run, step, metrics)
         run.retention.after_step(step)
-        publisher.submit(publish_step, run, step, records, metrics, result.mlflow_run_id, val_score)
+        publisher.submit(
+            publish_step, run, step, records, metrics, result.mlflow_run_id, val_score, generations
+        )
         run.progress.step(step, metrics)
         result.history.append(metrics)
     publisher.close()

@@ -70,7 +70,7 @@ def write_jsonl(directory: str, step: int, records: Iterable[dict[str, Any]]) ->
     return path
 
 
-def _decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+def decode_masked(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
     """(B, W) ids and their (B, W) mask → the B texts of the masked tokens, specials skipped."""
     rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     return tokenizer.batch_decode(rows, skip_special_tokens=True)
@@ -81,13 +81,13 @@ def _texts_and_truths(batch: DataProto, tokenizer: Any) -> dict[str, list[Any]]:
     width = tensors[K.PROMPTS].shape[1]
     rewards = batch.non_tensor_batch.get(K.REWARD_MODEL, [None] * len(batch))
     return {
-        "input": _decode(tokenizer, tensors[K.PROMPTS], tensors[K.ATTENTION_MASK][:, :width]),
-        "output": _decode(tokenizer, tensors[K.RESPONSES], tensors[K.RESPONSE_MASK]),
+        "input": decode_masked(tokenizer, tensors[K.PROMPTS], tensors[K.ATTENTION_MASK][:, :width]),
+        "output": decode_masked(tokenizer, tensors[K.RESPONSES], tensors[K.RESPONSE_MASK]),
         "gts": [rm.get("ground_truth") if isinstance(rm, dict) else None for rm in rewards],
     }
 
 
-def _extras(source: DataProto) -> dict[str, list[Any]]:
+def reward_extras(source: DataProto) -> dict[str, list[Any]]:
     """The reward extras ``source`` names in ``meta_info["reward_extra_keys"]``, as lists."""
     names = source.meta_info.get(K.REWARD_EXTRA_KEYS, [])
     return {name: list(source.non_tensor_batch[name]) for name in names}
@@ -98,7 +98,7 @@ def rollout_records(batch: DataProto, tokenizer: Any, step: int) -> list[dict[st
     ``token_level_scores``, ``reward_model``, the reward extras)."""
     columns = _texts_and_truths(batch, tokenizer)
     columns["score"] = batch.batch[K.TOKEN_LEVEL_SCORES].sum(-1).tolist()
-    return generation_records(columns, _extras(batch), step)
+    return generation_records(columns, reward_extras(batch), step)
 
 
 def validation_records(
@@ -109,7 +109,7 @@ def validation_records(
     for batch, reward in scored:
         columns = _texts_and_truths(batch, tokenizer)
         columns["score"] = reward.batch[K.SEQ_SCORES].tolist()
-        extras = {"reward": columns["score"], **_extras(reward)}
+        extras = {"reward": columns["score"], **reward_extras(reward)}
         records.extend(generation_records(columns, extras, step))
     return records
 

@@ -106,7 +106,7 @@ def test_mlflow_run_holds_registry_metrics_params_and_artifacts(
 
     top = {item.path for item in client.list_artifacts(run.info.run_id)}
     assert {"config.json", "metric_names.json", "metric_descriptions.json"} <= top
-    assert {"val_generations", "plots"} <= top
+    assert {"val_generations", "train_generations", "plots"} <= top
     assert load("config.json")["algorithm"]["adv_estimator"] == "grpo"
     names = load("metric_names.json")
     # MLflow's own system/* samples (every ppoflow.mlflow_system_metrics_interval_s) are not ours
@@ -120,8 +120,20 @@ def test_mlflow_run_holds_registry_metrics_params_and_artifacts(
     rows = [dict(zip(table["columns"], row)) for row in table["data"]]
     assert len(rows) == 3 and all(row["step"] == 2 for row in rows)
     assert set(table["columns"]) == {"step", "input", "output", "score", "ground_truth"}
+    # a sample of the training batches: 2 prompt groups (ppoflow.log_train_generations) × n 2,
+    # at step 1 and at the last step (which validates)
+    trained = {item.path for item in client.list_artifacts(run.info.run_id, "train_generations")}
+    assert trained == {"train_generations/step_000001.json", "train_generations/step_000002.json"}
+    table = load("train_generations/step_000002.json")
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert len(rows) == 4 and len({row["uid"] for row in rows}) == 2
+    assert {"uid", "input", "output", "score", "advantage", "response_length"} <= set(rows[0])
+    for uid in {row["uid"] for row in rows}:  # GRPO: a group's advantages are its scores, centred
+        group = [row for row in rows if row["uid"] == uid]
+        assert sum(row["advantage"] or 0.0 for row in group) == pytest.approx(0.0, abs=1e-5)
     tables = json.loads(run.data.tags["mlflow.loggedArtifacts"])
-    assert {t["path"] for t in tables} == generations and {t["type"] for t in tables} == {"table"}
+    assert {t["path"] for t in tables} == generations | trained
+    assert {t["type"] for t in tables} == {"table"}
     plots = {item.path for item in client.list_artifacts(run.info.run_id, "plots")}
     assert plots == {"plots/reward.png", "plots/response_length.png", "plots/kl.png"}
     for plot in sorted(plots):
