@@ -83,20 +83,22 @@ from dataproto import keys as K
 from flows.cache.code_fingerprint import stage_code
 from flows.cli.train import QUIET_LOGGERS
 from flows.dag import batch_keys, plan_step
-from flows.engines import WeightsLineage, build_engines, build_role, close_engines, roles_for
+from flows.engines import (
+    WeightsLineage,
+    build_engines,
+    build_role,
+    close_engines,
+    roles_for,
+    seed_everything,
+)
 from flows.runs.store import RunStore
 from flows.sinks.mlflow_logger import MLflowLogger
 from flows.sinks.publisher import Publisher
 from flows.sinks.step_report import publish_step_report
 from flows.stage_task import timer_name
 from flows.step_flow import StepFlow, StepResult, run_step
-from flows.train import (
-    IDEMPOTENT_RETRIES,
-    load_datasets,
-    resolve_config,
-    seed_everything,
-    step_metrics,
-)
+from flows.train import IDEMPOTENT_RETRIES, step_metrics
+from flows.train_run import load_datasets, resolve_config
 from stages.algos.kl_control import get_kl_controller
 from stages.config import PPORunConfig
 from stages.data import StatefulPromptLoader, load_tokenizer, make_demo_data, make_tiny_model

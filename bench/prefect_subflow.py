@@ -69,7 +69,8 @@ import flows.train as train_module
 from flows.cli.train import QUIET_LOGGERS
 from flows.engines import close_engines
 from flows.step_flow import StepFlow, run_step
-from flows.train import TrainRun, open_run, resolve_config, train_step
+from flows.train import train_step
+from flows.train_run import TrainRun, open_run, resolve_config
 from stages.data import make_demo_data, make_tiny_model
 
 TARGET_OVERHEAD = 0.03  # issue 17: a subflow per step is kept if it costs at most 3 % of a step

@@ -233,7 +233,7 @@ def role_builder(
 def lazy_engines(cfg: PPORunConfig, step: int) -> LazyEngines:
     """Every engine ``cfg`` may need, none built yet; the tokenizer and the train set (for the
     step count) are read at most once, and only when an engine is built."""
-    from flows.train import load_datasets
+    from flows.train_run import load_datasets
     from stages.data import load_tokenizer
 
     @functools.cache

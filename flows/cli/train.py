@@ -162,7 +162,8 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
     from flows.process.server_guard import ServerGuard, exit_without_prefect, lost_line
     from flows.process.startup import log_file_for, prefect_records_to, startup_output
     from flows.process.stop_signals import exit_code, is_stop, stop_line, stop_on_signals
-    from flows.train import close_untaken_run, default_run_dir, open_run_ahead, train
+    from flows.train import train
+    from flows.train_run import close_untaken_run, default_run_dir, open_run_ahead
     from flows.version import ppoflow_version
     from stages.engines.checkpoint import read_latest_step
 
