@@ -113,7 +113,7 @@ def _needed_records(
     return journal, ran, {name: recorded[name] for name in NEEDED}
 
 
-def _permutation(data: DataProto, key: str, rows: int, stage: str) -> np.ndarray:
+def checked_permutation(data: DataProto, key: str, rows: int, stage: str) -> np.ndarray:
     """(rows,) the stage's permutation; a RunReportError unless it is one of 0…rows−1."""
     perm = data.batch[key].cpu().numpy() if data.batch is not None and key in data.batch else None
     if perm is None or perm.shape != (rows,) or not (np.sort(perm) == np.arange(rows)).all():
@@ -207,7 +207,9 @@ def load_step_samples(
     for record in ran:  # replay the step flow's reorders (flows/step_flow.py apply_reorder)
         inverses[record.stage] = np.argsort(order)  # [i]: the artifact row of generation row i
         if record.stage in reorders:
-            order = order[_permutation(load(record), reorders[record.stage], rows, record.stage)]
+            order = order[
+                checked_permutation(load(record), reorders[record.stage], rows, record.stage)
+            ]
             reordered_by.append(record.stage)
     sources = {"input": (step_input, np.arange(rows))}
     sources |= {name: (load(record), inverses[name]) for name, record in needed.items()}
@@ -226,7 +228,7 @@ def _rows(source: tuple[DataProto, np.ndarray], key: str) -> torch.Tensor:
     return data.batch[key][torch.as_tensor(inverse)]
 
 
-def _response_side(
+def response_side(
     rollout: tuple[DataProto, np.ndarray],
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """(responses (B, R), response_mask (B, R), valid lengths (B,)) in generation order. A row's
@@ -252,7 +254,7 @@ def _samples(
     )
     prompt_ids = step_input.batch[K.PROMPT_INPUT_IDS]  # (B, P), generation order
     prompt_mask = step_input.batch[K.PROMPT_ATTENTION_MASK].bool()  # (B, P)
-    responses, response_mask, lengths = _response_side(sources["rollout"])
+    responses, response_mask, lengths = response_side(sources["rollout"])
     scores = _seq_scores(reward)[0][torch.as_tensor(sources["reward"][1])].tolist()  # (B,)
     advantages = _masked_mean(_rows(sources["advantage"], K.ADVANTAGES).float(), response_mask)
     columns: dict[str, list[str]] = {}
