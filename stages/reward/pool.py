@@ -34,7 +34,14 @@ stderr reach the driver's through pipes bounded to ``output_bytes`` per call
   again is safe), and a new zygote imports the scorer again under ``startup_timeout_s``. That
   happens at most once per :meth:`ScorerPool.map`: a second death in the same call, or a restart
   that fails, raises :class:`~stages.reward.zygote.ScorerProcessError` (one line naming the
-  scorer's process and the config key), never a hang.
+  scorer's process and the config key), never a hang;
+- stop: a worker found stopped (SIGSTOP from outside: state ``T`` in ``/proc``) when its task
+  passes the deadline above ran no scorer code, so nothing is timed out: it is killed and
+  replaced, and every task it held is scored again (one warning; at most ``num_workers + 2``
+  times per call, after which the deadline blames the task as for any hung call). A stopped
+  zygote is found before it is asked to fork, and while the driver waits for its answer, and is
+  replaced as a dead one (killed, once per call; ``ZygoteStopped``). A stop is only acted on at
+  a deadline: with ``timeout_s`` None a stopped worker is waited for, as a hung call is.
 
 The pool lives for the run; call :meth:`close` at the end (or use ``with``). No scorer process
 outlives the driver: the zygote leaves when its socket reaches end of file or its parent
@@ -92,6 +99,8 @@ from stages.reward.zygote import (
     SpawnedWorker,
     Zygote,
     ZygoteGone,
+    ZygoteStopped,
+    is_stopped,
 )
 
 logger = logging.getLogger(__name__)
@@ -415,23 +424,24 @@ class ScorerPool:
                     ready = True
                 remaining -= self._dispatch(pending, calls, payloads, outcomes)
                 remaining -= self._step(timeout_s, outcomes, pending)
-            except ZygoteGone:
+            except ZygoteGone as gone:
                 for worker in self._workers:  # its workers died with it: score their tasks again
                     pending.extendleft(reversed(worker.inflight))
                     worker.inflight.clear()
+                how = "is stopped (SIGSTOP)" if isinstance(gone, ZygoteStopped) else "exited"
                 if restarts_left == 0:
                     self._discard_workers()
                     raise ScorerProcessError(
                         f"reward scorer process of {self.scorer.label} (zygote pid "
-                        f"{self.zygote_pid}) exited again while this batch was scored, after one "
-                        "restart in the same call (killed from outside, or by the OOM killer: "
-                        f"lower reward.num_workers or set {MEMORY_KEY})"
+                        f"{self.zygote_pid}) {how} again while this batch was scored, after one "
+                        "restart in the same call (killed or stopped from outside, or by the OOM "
+                        f"killer: lower reward.num_workers or set {MEMORY_KEY})"
                     ) from None
                 restarts_left, ready = restarts_left - 1, False
                 logger.warning(
-                    "reward scorer process of %s (zygote pid %s) exited; starting it again "
+                    "reward scorer process of %s (zygote pid %s) %s; starting it again "
                     "(the scorer imported again) to score the %d samples of the batch left",
-                    self.scorer.label, self.zygote_pid, len(pending),
+                    self.scorer.label, self.zygote_pid, how, len(pending),
                 )  # fmt: skip
                 self._restart_zygote()
                 remaining = outcomes.count(None)  # results applied before the exception count
@@ -589,10 +599,28 @@ class ScorerPool:
                 )
             else:
                 continue
+            if self._stopped_from_outside(worker):
+                self._retire(index, None, None, outcomes, pending)  # every task scored again
+                continue
             done += self._retire(
                 index, blamed, Outcome(TIMEOUT, message=message), outcomes, pending
             )
         return done
+
+    def _stopped_from_outside(self, worker: _Worker) -> bool:
+        """Whether ``worker``, past its deadline, is stopped (SIGSTOP: it runs no scorer code, so
+        its sample did not time out) and not too often in this call: at most
+        ``num_workers + 2`` times, shared with the deaths between tasks (``_bury``), so a scorer
+        that stops itself each time is timed out in the end instead of looping."""
+        if not is_stopped(worker.pid) or self._unblamed_deaths >= self.num_workers + 2:
+            return False
+        self._unblamed_deaths += 1
+        logger.warning(
+            "reward scorer worker (pid %d) of %s is stopped (SIGSTOP) past its deadline; killed "
+            "and replaced, its %d sample(s) scored again",
+            worker.pid, self.scorer.label, len(worker.inflight),
+        )  # fmt: skip
+        return True
 
     def _replace_gone(self, outcomes: list, pending: deque[int]) -> int:
         """Replace workers that left: a retiring one re-queues its tasks; a dead or broken one

@@ -50,6 +50,11 @@ when the *thread* that forked the process exits, and the driver starts (and rest
 from whichever thread calls the pool — a Prefect task thread that ends would kill it. The
 workers are forked by the zygote's main thread, which lives as long as the zygote.
 
+A zygote stopped from outside (SIGSTOP) answers nothing until it is continued. The driver sees
+it (state ``T`` in ``/proc``) before a spawn and every :data:`STOP_POLL_S` while it waits for an
+answer, and raises :class:`ZygoteStopped` (a :class:`ZygoteGone`: the pool replaces it) instead
+of waiting ``startup_timeout_s`` for it; :meth:`Zygote.close` kills a stopped zygote at once.
+
 A worker stays a zombie until the driver releases or reaps it, so its pid cannot be reused
 while the driver may still kill it. A scorer module that starts threads at import is reported
 (``threads`` > 1): forking such a process can copy a lock held by another thread, and a worker
@@ -80,6 +85,8 @@ from stages.reward.worker import ProgressSlot, WorkerLimits, worker_main
 
 STARTUP_KEY = "reward.startup_timeout_s"
 PARENT_POLL_S = 0.5  # the zygote checks this often that its driver is still its parent
+STOP_POLL_S = 0.5  # the driver, waiting for the zygote's answer, checks this often it is stopped
+_STOPPED = "the reward zygote (pid {pid}) is stopped (SIGSTOP) and answers nothing"
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 _PACKET = 1 << 20
 _BOOT = (
@@ -103,6 +110,11 @@ class ScorerProcessError(RuntimeError):
 
 class ZygoteGone(RuntimeError):
     """The zygote process exited (or stopped answering) after start-up."""
+
+
+class ZygoteStopped(ZygoteGone):
+    """The zygote process is stopped (SIGSTOP, from outside) while the driver needs it: it
+    answers nothing until continued, so the driver counts it as gone (and kills it)."""
 
 
 # --- the zygote process ---------------------------------------------------------------------
@@ -444,12 +456,19 @@ class Zygote:
             reply["wants_prompt"], reply["is_async"], reply["threads"], reply.get("network")
         )
 
-    def _reply(self, timeout_s: float) -> dict[str, Any]:
-        """The zygote's next message; ``TimeoutError`` after ``timeout_s``, ``ZygoteGone`` at EOF."""
+    def _reply(self, timeout_s: float, watch_stop: bool = False) -> dict[str, Any]:
+        """The zygote's next message; ``TimeoutError`` after ``timeout_s``, ``ZygoteGone`` at EOF;
+        with ``watch_stop``, :class:`ZygoteStopped` as soon as the zygote is seen stopped (looked
+        at every :data:`STOP_POLL_S`)."""
         deadline = time.monotonic() + timeout_s
-        while not _readable(self._sock, max(deadline - time.monotonic(), 0)):
+        while True:
+            wait_s = max(deadline - time.monotonic(), 0)
+            if _readable(self._sock, min(wait_s, STOP_POLL_S) if watch_stop else wait_s):
+                break
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the reward zygote did not answer within {timeout_s:g} s")
+            if watch_stop and self.stopped():
+                raise ZygoteStopped(_STOPPED.format(pid=self.process.pid))
         try:
             data = self._sock.recv(_PACKET)
         except OSError as exc:
@@ -460,6 +479,8 @@ class Zygote:
 
     def spawn(self) -> SpawnedWorker:
         """Fork a worker (about a millisecond); also releases the pids given to :meth:`release`."""
+        if self.stopped():  # it would never answer: the caller replaces it (and kills it)
+            raise ZygoteStopped(_STOPPED.format(pid=self.process.pid))
         ours, theirs = socket.socketpair()
         memfd = os.memfd_create("ppoflow-reward-progress")
         progress = None
@@ -498,6 +519,10 @@ class Zygote:
         except OSError:
             return True
 
+    def stopped(self) -> bool:
+        """Whether the zygote is stopped (SIGSTOP or SIGTSTP: state ``T`` in ``/proc``)."""
+        return is_stopped(self.process.pid)
+
     def release(self, pid: int) -> None:
         """Let the zygote reap ``pid`` (a worker the driver killed) at the next spawn."""
         self._released.append(pid)
@@ -512,18 +537,33 @@ class Zygote:
 
     def _reply_or_gone(self) -> dict[str, Any]:
         try:
-            return self._reply(self.startup_timeout_s)
+            return self._reply(self.startup_timeout_s, watch_stop=True)
         except TimeoutError as exc:
             raise ZygoteGone(str(exc)) from None
 
     def close(self) -> None:
-        """Close the socket (the zygote kills and reaps its workers, then exits); wait for it."""
+        """Close the socket (the zygote kills and reaps its workers, then exits); wait for it.
+        A stopped zygote, which would not read the end of file, is killed at once (its workers
+        die with it: parent-death signal)."""
         self._sock.close()
+        if self.stopped():
+            self.process.kill()
         try:
             self.process.wait(5.0)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (state ``T`` in ``/proc/PID/stat``; a
+    tracer's stop, ``t``, is not counted); False when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            stat = stat_file.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] == "T"
 
 
 def _readable(sock: socket.socket, timeout_s: float) -> bool:

@@ -93,6 +93,7 @@ NOT_COMPARED = (
     "perf/throughput",
     "perf/time_per_step",
     "reward/time_s",
+    "system/",  # MLflow's system metrics: sampled every 10 s of wall time
     CACHE_HITS,
 )
 #: names that only a write cut short leaves (artifacts, JSON records, engine checkpoints, tracker)

@@ -53,6 +53,7 @@ TIME_DEPENDENT = (
     "perf/throughput",
     "perf/time_per_step",
     "reward/time_s",
+    "system/",  # MLflow's system metrics: sampled every 10 s of wall time
 )
 
 

@@ -110,6 +110,8 @@ def attack(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     if verb == "kill_zygote":  # every time
         os.kill(os.getppid(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
+    if verb == "stop_self":  # SIGSTOP this worker mid-call, every time
+        os.kill(os.getpid(), signal.SIGSTOP)
     if verb == "sleep":
         time.sleep(float(arg))
     if verb == "pid":

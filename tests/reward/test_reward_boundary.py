@@ -434,6 +434,62 @@ def test_a_zygote_killed_while_idle_does_not_hang_the_next_call():
         assert pool.zygote_restarts == 1
 
 
+def stop(*pids: int) -> None:
+    """SIGSTOP each pid and wait until each is stopped."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    assert wait_until(lambda: all(state_of(pid) == "T" for pid in pids), 10.0), pids
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_stopped_from_outside_is_replaced_and_its_samples_scored_again(caplog):
+    """A SIGSTOPped worker ran no scorer code: at the deadline it is replaced and its samples
+    are scored again, none timed out (a fault grid cell, tests/flows/test_fault_grid.py)."""
+    with attack_pool(num_workers=1) as pool:
+        (old,) = pool.worker_pids
+        stop(old)
+        with caplog.at_level(logging.WARNING, logger="stages.reward.pool"):
+            outcomes = pool.map(calls_for(["1", "2"]), timeout_s=0.5)
+        assert [(o.status, o.score) for o in outcomes] == [("ok", 1.0), ("ok", 2.0)]
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert f"reward scorer worker (pid {old}) of {BOUNDARY}:attack is stopped (SIGSTOP)" in line
+        assert "its 2 sample(s) scored again" in line
+        assert (pool.restarts, pool.zygote_restarts) == (1, 0)
+        assert wait_until(lambda: exited(old), 10.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_zygote_stopped_with_its_workers_is_replaced_and_the_batch_rescored(caplog):
+    """The zygote stopped too: it is not asked to fork (it would never answer) but replaced,
+    once in the call, and killed with its workers; every sample scores as if nothing happened."""
+    with attack_pool(num_workers=2) as pool:
+        old = (pool.zygote_pid, *pool.worker_pids)
+        stop(*old)
+        with caplog.at_level(logging.WARNING, logger="stages.reward.pool"):
+            outcomes = pool.map(calls_for([str(i) for i in range(6)]), timeout_s=0.5)
+        assert [(o.status, o.score) for o in outcomes] == [("ok", float(i)) for i in range(6)]
+        lines = [r.getMessage() for r in caplog.records]
+        assert any(
+            f"(zygote pid {old[0]}) is stopped (SIGSTOP); starting it again" in line
+            for line in lines
+        ), lines
+        assert pool.zygote_restarts == 1 and pool.zygote_pid != old[0]
+        assert wait_until(lambda: all(map(exited, old)), 10.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_scorer_that_stops_itself_each_time_is_timed_out_in_the_end(caplog):
+    """Replacing stopped workers is bounded per call (num_workers + 2): a scorer that stops its
+    own worker every time gets ``timeout``, never an endless loop; the next call is served."""
+    with attack_pool(num_workers=1) as pool:
+        with caplog.at_level(logging.WARNING, logger="stages.reward.pool"):
+            (outcome,) = pool.map(calls_for(["stop_self"]), timeout_s=0.3)
+        assert outcome.status == "timeout", outcome
+        stopped = [r for r in caplog.records if "is stopped (SIGSTOP)" in r.getMessage()]
+        assert len(stopped) == 3 and pool.restarts == 4
+        assert [o.score for o in pool.map(calls_for(["4"]), timeout_s=5.0)] == [4.0]
+
+
 @pytest.mark.timeout(60)
 def test_a_zygote_that_dies_again_in_the_same_call_is_one_clear_error():
     with attack_pool(num_workers=2) as pool:

@@ -37,6 +37,10 @@ Points (``<stage>`` is a stage name of flows/step_flow.py, e.g. ``rollout``, ``u
 ``dapo.round``             a generation round of dynamic sampling starts, before it draws its
                            prompts (``flows.gen_rounds._run_round``); the detail names the step
                            and the round
+``reward.sent``            a reward scorer pool has sent the first task lists of a
+                           ``ScorerPool.map`` call to its workers (the call's first
+                           ``_dispatch`` returned; the tool sandbox's pool is not counted); the
+                           detail names the stage and step entered last
 =========================  ===================================================================
 
 A point of the main thread first waits for the publishing thread to finish the step it is
@@ -49,10 +53,34 @@ The functions are wrapped right after their module is first imported (a ``sys.me
 before any other module binds them with ``from … import``, so every caller gets the wrapper.
 Only the group leader is armed: the reward workers, which inherit the environment, never kill.
 A malformed ``PPOFLOW_TEST_KILL_AT`` stops the process at start-up with a message.
+
+**A fault in a side process instead** (tests/flows/test_fault_grid.py): with
+``PPOFLOW_TEST_FAULT=<target>:<signal>`` (``signal``: ``SIGKILL`` or ``SIGSTOP``) the point
+does not kill the group. It sends ``signal`` to the target's processes, waits until the signal
+took effect (each one gone, a zombie, or stopped; at most :data:`EFFECT_BOUND_S`), and the
+training goes on. Targets, found from ``/proc`` among the trainer's descendants:
+
+=====================  ============================================================================
+``reward``             each reward scorer pool's zygote (``stages.reward.pool.ScorerPool``, as
+                       recorded when made; not the tool sandbox's) and its forked workers
+``sandbox``            the tool sandbox's zygote (``stages.agent.sandbox.ToolSandbox``) and its
+                       workers
+``mlflow``             the MLflow process (``flows.sinks.mlflow_process``, a child of the trainer)
+``prefect-server``     Prefect's temporary server (a child of the trainer in a session of its own,
+                       so never in the group)
+``main``               the trainer alone (``SIGKILL`` only), after the log line
+=====================  ============================================================================
+
+The log line, written once the signal took effect (``main``: before the kill), then also has
+``fault`` (the target), ``signal``, ``targets`` (pid, parent pid, command line and role of each
+process signalled), ``took_effect`` (whether each was seen gone or stopped in time; None for
+``main``) and ``descendants`` (each process under the trainer at the fault, with its role). A
+target with no process is a line with ``targets: []`` (the test fails on it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import json
@@ -60,20 +88,30 @@ import os
 import signal
 import sys
 import threading
+import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 _SPEC = os.environ.get("PPOFLOW_TEST_KILL_AT", "")
 _LOG = os.environ.get("PPOFLOW_TEST_KILL_LOG")
+_FAULT_SPEC = os.environ.get("PPOFLOW_TEST_FAULT", "")
 CHECKPOINT_POINTS = ("actor", "critic", "state", "manifest", "tracker", "saved")
 PUBLISH_POINTS = ("start", "sent")
 STAGE_POINTS = ("start", "computed", "write")
 AGENT_POINTS = ("round", "tools")
 DAPO_POINTS = ("round",)
+REWARD_POOL_POINTS = ("sent",)
+FAULT_TARGETS = ("reward", "sandbox", "mlflow", "prefect-server", "main")
+FAULT_SIGNALS = ("SIGKILL", "SIGSTOP")
+EFFECT_BOUND_S = 10.0  # how long a fault waits for its signal to take effect
 _reached: Counter[str] = Counter()
 _publishers: list[Any] = []
 _agent_rollouts: list[str] = []  # "rollout step 3" / "validation step 4" while one runs
+_pools: list[weakref.ref] = []  # every ScorerPool made (reward pools and the sandbox's)
+_sandboxes: list[weakref.ref] = []  # every ToolSandbox made
+_stage_now = ["before the first stage"]  # the stage and step run_stage entered last
 
 
 def parse(spec: str) -> tuple[str, int]:
@@ -85,6 +123,7 @@ def parse(spec: str) -> tuple[str, int]:
         or (area == "publish" and phase in PUBLISH_POINTS)
         or (area == "agent" and phase in AGENT_POINTS)
         or (area == "dapo" and phase in DAPO_POINTS)
+        or (area == "reward" and phase in REWARD_POOL_POINTS)
         or (
             area not in ("checkpoint", "publish", "agent", "dapo")
             and bool(area)
@@ -96,9 +135,30 @@ def parse(spec: str) -> tuple[str, int]:
             f"PPOFLOW_TEST_KILL_AT={spec!r}: expected <point>:<n> with n ≥ 1 and point one of "
             f"<stage>.{{{','.join(STAGE_POINTS)}}}, checkpoint.{{{','.join(CHECKPOINT_POINTS)}}}, "
             f"publish.{{{','.join(PUBLISH_POINTS)}}}, agent.{{{','.join(AGENT_POINTS)}}}, "
-            f"dapo.{{{','.join(DAPO_POINTS)}}}"
+            f"dapo.{{{','.join(DAPO_POINTS)}}}, reward.{{{','.join(REWARD_POOL_POINTS)}}}"
         )
     return point, int(count)
+
+
+def parse_fault(spec: str) -> tuple[str, signal.Signals]:
+    """``"<target>:<signal>"`` → (target, signal); SystemExit naming the problem when it is not
+    one (``main`` takes SIGKILL only)."""
+    target, _, name = spec.partition(":")
+    if (
+        target not in FAULT_TARGETS
+        or name not in FAULT_SIGNALS
+        or (target, name)
+        == (
+            "main",
+            "SIGSTOP",
+        )
+    ):
+        raise SystemExit(
+            f"PPOFLOW_TEST_FAULT={spec!r}: expected <target>:<signal> with target one of "
+            f"{', '.join(FAULT_TARGETS)} and signal one of {', '.join(FAULT_SIGNALS)} "
+            "(main: SIGKILL only)"
+        )
+    return target, getattr(signal, name)
 
 
 def _drain_publishers() -> None:
@@ -146,14 +206,135 @@ def reached(point: str, detail: str) -> None:
         "detail": detail,
         "group": _group_members(os.getpgid(0)),
     }
-    if _LOG:
-        handle = os.open(_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(handle, (json.dumps(line) + "\n").encode())
-            os.fsync(handle)
-        finally:
-            os.close(handle)
+    if _FAULT_SPEC:
+        inject_fault(line)
+        return
+    _write_log(line)
     os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def _write_log(line: dict[str, Any]) -> None:
+    """Append ``line`` to the kill log as one JSON line, fsync'ed (no log: nothing)."""
+    if not _LOG:
+        return
+    handle = os.open(_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(handle, (json.dumps(line) + "\n").encode())
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+# --- faults of side processes (PPOFLOW_TEST_FAULT) -----------------------------------------------
+
+
+def _processes() -> dict[int, tuple[int, str, list[str]]]:
+    """pid → (parent pid, state letter, command line) of every process (from /proc)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat_file:
+                stat = stat_file.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as cmd_file:
+                argv = cmd_file.read().decode(errors="replace").split("\0")[:-1]
+        except OSError:  # the process ended while we looked
+            continue
+        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        table[int(entry)] = (int(ppid), state, argv)
+    return table
+
+
+def _zygotes(sandbox: bool) -> set[int]:
+    """The zygote pids of the live scorer pools: the tool sandboxes' or the others' (reward)."""
+    of_sandboxes = {id(box._pool) for ref in _sandboxes if (box := ref()) is not None}
+    pids = set()
+    for ref in _pools:
+        pool = ref()
+        if pool is None or (id(pool) in of_sandboxes) != sandbox:
+            continue
+        if pool.zygote_pid is not None:
+            pids.add(pool.zygote_pid)
+    return pids
+
+
+def _role(pid: int, argv: list[str], reward: set[int], sandbox: set[int]) -> str:
+    """Which side process a child of the trainer is (module docstring's targets)."""
+    command = " ".join(argv)
+    if pid in reward:
+        return "reward"
+    if pid in sandbox:
+        return "sandbox"
+    if "flows.sinks.mlflow_process import serve" in command:
+        return "mlflow"
+    if "flows.process.prefect_server:create_app" in command:
+        return "prefect-server"
+    return "other"
+
+
+def descendants() -> list[dict[str, Any]]:
+    """Each live process under this one: pid, parent pid, command line and role (the role of
+    the trainer's child it descends from)."""
+    table = _processes()
+    reward, sandbox = _zygotes(sandbox=False), _zygotes(sandbox=True)
+    found: list[dict[str, Any]] = []
+    parents = {os.getpid(): None}  # pid → the role its descendants get (None: the trainer)
+    while True:
+        new = [
+            (pid, ppid, argv)
+            for pid, (ppid, state, argv) in sorted(table.items())
+            if ppid in parents and pid not in parents and state not in ("Z", "X")
+        ]
+        if not new:
+            return found
+        for pid, ppid, argv in new:
+            role = parents[ppid] or _role(pid, argv, reward, sandbox)
+            parents[pid] = role
+            found.append({"pid": pid, "ppid": ppid, "argv": argv, "role": role})
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            stat = stat_file.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def _took_effect(pids: list[int], sig: signal.Signals) -> bool:
+    """Whether every pid is gone or a zombie (SIGKILL), or stopped or gone (SIGSTOP)."""
+    done = ("Z", "X") if sig == signal.SIGKILL else ("T", "Z", "X")
+    return all(_state(pid) in (None, *done) for pid in pids)
+
+
+def inject_fault(line: dict[str, Any]) -> None:
+    """Send the fault's signal to its target's processes, wait for it to take effect, log the
+    line (module docstring), and return: the training goes on. ``main``: the line is logged
+    first, then the trainer is killed."""
+    target, sig = _FAULT
+    side = descendants()
+    line |= {"fault": target, "signal": sig.name, "descendants": side}
+    if target == "main":
+        me = {"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "role": "main"}
+        _write_log(line | {"targets": [me], "took_effect": None})
+        os.kill(os.getpid(), signal.SIGKILL)
+    targets = [member for member in side if member["role"] == target]
+    pids = [member["pid"] for member in targets]
+    # the server guard's signal (flows/process/server_guard.py SIGNAL) waits until the line is
+    # written: a lost server's ServerLost is then raised here, after the hook, not inside it
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGURG})
+    try:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + EFFECT_BOUND_S
+        while not (took_effect := _took_effect(pids, sig)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _write_log(line | {"targets": targets, "took_effect": took_effect})
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 # --- the wrapped functions -----------------------------------------------------------------------
@@ -182,11 +363,13 @@ def _after(fn: Callable, point_of: Callable[..., tuple[str, str] | None]) -> Cal
     return wrapper
 
 
+def _stage_start(stage: Any, _batch: Any, _ctx: Any, _store: Any, step: int, **_k: Any):
+    _stage_now[0] = f"{stage.name} step {step}"
+    return f"{stage.name}.start", f"step {step}"
+
+
 def _patch_stage_task(module: Any) -> None:
-    module.run_stage = _before(
-        module.run_stage,
-        lambda stage, _batch, _ctx, _store, step, **_k: (f"{stage.name}.start", f"step {step}"),
-    )
+    module.run_stage = _before(module.run_stage, _stage_start)
     module.save_artifact = _before(
         module.save_artifact, lambda _data, path, **k: (f"{k['stage']}.computed", str(path))
     )
@@ -287,11 +470,52 @@ def _patch_agent_loop(module: Any) -> None:
     )
 
 
+def _recording_init(cls: type, made: list[weakref.ref]) -> None:
+    """``cls.__init__`` noting each instance made in ``made`` (weakly)."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+
+    cls.__init__ = recording_init
+
+
 def _patch_sandbox(module: Any) -> None:
     module.ToolSandbox.run = _before(
         module.ToolSandbox.run,
         lambda _box, calls: ("agent.tools", f"{_agent_rollout_name()}: {len(calls)} calls"),
     )
+    _recording_init(module.ToolSandbox, _sandboxes)
+
+
+def _patch_reward_pool(module: Any) -> None:
+    """Record each pool; reach ``reward.sent`` at the first ``_dispatch`` of a reward pool's
+    ``map`` call, once it returned (the task lists are on the workers' sockets)."""
+    _recording_init(module.ScorerPool, _pools)
+    map_calls, dispatch = module.ScorerPool.map, module.ScorerPool._dispatch
+    first_dispatch: set[int] = set()  # ids of the pools in a map call that has not dispatched
+
+    @functools.wraps(map_calls)
+    def marking_map(pool: Any, *args: Any, **kwargs: Any) -> Any:
+        first_dispatch.add(id(pool))
+        try:
+            return map_calls(pool, *args, **kwargs)
+        finally:
+            first_dispatch.discard(id(pool))
+
+    @functools.wraps(dispatch)
+    def reaching_dispatch(pool: Any, pending: Any, calls: Any, *args: Any) -> Any:
+        done = dispatch(pool, pending, calls, *args)
+        if id(pool) in first_dispatch:
+            first_dispatch.discard(id(pool))
+            if pool.zygote_pid not in _zygotes(sandbox=True):
+                sent = len(calls) - len(pending)
+                reached("reward.sent", f"{_stage_now[0]}: {sent} of {len(calls)} samples sent")
+        return done
+
+    module.ScorerPool.map, module.ScorerPool._dispatch = marking_map, reaching_dispatch
 
 
 def _patch_gen_rounds(module: Any) -> None:
@@ -312,6 +536,7 @@ PATCHES: dict[str, Callable[[Any], None]] = {
     "stages.agent.rollout": _patch_agent_rollout,
     "stages.agent.loop": _patch_agent_loop,
     "stages.agent.sandbox": _patch_sandbox,
+    "stages.reward.pool": _patch_reward_pool,
 }
 
 
@@ -342,4 +567,6 @@ class PatchAfterImport(importlib.abc.MetaPathFinder):
 
 if _SPEC:
     _TARGET, _COUNT = parse(_SPEC)
+    if _FAULT_SPEC:
+        _FAULT = parse_fault(_FAULT_SPEC)
     sys.meta_path.insert(0, PatchAfterImport())
