@@ -6,8 +6,12 @@ so a crash or a vLLM process group cannot take the other figures down):
     python bench/gpu_check.py peak    --report gpu_report.md
     python bench/gpu_check.py mfu     --report gpu_report.md [--peak-tflops 788]
     python bench/gpu_check.py rollout --report gpu_report.md
+    python bench/gpu_check.py lora    --report gpu_report.md
 
-Each part appends a markdown section to ``--report`` and prints it.
+Each part appends a markdown section to ``--report`` and prints it. Without CUDA the ``lora`` part
+appends a line saying it was skipped and exits 0 (the others exit 1);
+``python bench/gpu_check.py lora --report R --cpu-smoke`` runs it on the CPU with a tiny model,
+to check the script where there is no GPU (its figures mean nothing).
 
 - peak: an 8192³ bf16 matmul (3 warm-ups, best of 10, CUDA events) → TFLOP/s; the MFU
   denominator. For reference: H200 datasheet dense bf16 ≈ 989 TFLOP/s; measured on this
@@ -20,13 +24,22 @@ Each part appends a markdown section to ``--report`` and prints it.
 - rollout: the same model in bf16: ``rollout_hf.generate_sequences`` (all rows in one batch) and,
   when ``vllm`` imports, ``VLLMRollout`` (bf16, eager mode) on the same prompts and sampling
   settings. tokens/s = generated tokens (Σ response_mask) ÷ wall time.
+- lora: full training against LoRA rank 8 and rank 64 (α = 2r, every linear layer, PEFT) of a
+  random Qwen2 of Qwen2.5-0.5B's shape built from its config (hidden 896, 24 layers, 14 heads /
+  2 KV heads, MLP 4864, vocabulary 151,936, tied embeddings: 494 M parameters), bf16, DeepSpeed
+  ZeRO-``--zero-stage`` with FusedAdam: ``update_actor`` over one mini-batch of
+  ``--lora-rows`` × (P + R) tokens; per variant, in a process of its own (so each peak is its
+  own): the best of 3 steps after a warm-up, the peak GPU memory allocated, the trainable
+  parameters and the optimizer state bytes; then the ratios LoRA ÷ full.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -87,8 +100,8 @@ def non_embedding_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p is not embedding)
 
 
-def mfu_batch(rows: int, prompt: int, response: int, vocab: int):
-    """Random rollout-shaped batch on CUDA: left-padded prompts, right-padded responses."""
+def mfu_batch(rows: int, prompt: int, response: int, vocab: int, device: str = "cuda"):
+    """Random rollout-shaped batch on ``device``: left-padded prompts, right-padded responses."""
     from tensordict import TensorDict
 
     from dataproto import DataProto
@@ -113,7 +126,7 @@ def mfu_batch(rows: int, prompt: int, response: int, vocab: int):
         "advantages": torch.randn(rows, response, generator=gen) * response_mask,
         "old_log_probs": (-5.0 + 0.3 * torch.randn(rows, response, generator=gen)) * response_mask,
     }
-    td = TensorDict(tensors, batch_size=[rows]).to("cuda")
+    td = TensorDict(tensors, batch_size=[rows]).to(device)
     return DataProto(batch=td, non_tensor_batch={}, meta_info={})
 
 
@@ -244,7 +257,136 @@ def rollout_part(args: argparse.Namespace) -> list[str]:
     return lines
 
 
-PARTS = {"peak": peak_part, "mfu": mfu_part, "rollout": rollout_part}
+#: Qwen2.5-0.5B's shape (its config.json), built at random from a config: nothing is downloaded
+LORA_SHAPE = dict(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+)
+#: the ``--cpu-smoke`` shape: the script's path on a machine without a GPU
+SMOKE_SHAPE = dict(LORA_SHAPE, vocab_size=512, hidden_size=64, intermediate_size=128,
+                   num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+LORA_RANKS = {"full": 0, "lora-r8": 8, "lora-r64": 64}
+
+
+def lora_variant(args: argparse.Namespace) -> dict[str, float]:
+    """One variant of the lora part in this process: step time, peak memory, optimizer bytes."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from stages.engines.actor import PPOUpdateSettings, update_actor
+    from stages.engines.adapters import AdapterSettings, with_adapters
+    from stages.engines.batching import MicroBatching
+    from stages.engines.deepspeed_setup import EngineSettings, initialize_engine
+    from stages.engines.logprob import ResponseLogProbModel
+
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", "bf16") if cuda else ("cpu", "float32")
+    shape = SMOKE_SHAPE if args.cpu_smoke else LORA_SHAPE
+    torch.manual_seed(0)
+    with torch.device(device):
+        lm = Qwen2ForCausalLM(Qwen2Config(**shape)).to(torch.bfloat16 if cuda else torch.float32)
+    rank = LORA_RANKS[args.lora_variant]
+    if rank:
+        settings = AdapterSettings(
+            variant="lora", rank=rank, alpha=2.0 * rank, dropout=0.0, target_modules="all-linear",
+            exclude_modules=None, adapter_path=None, init_a="kaiming", keys="bench",
+        )  # fmt: skip
+        lm = with_adapters(lm, settings, "CAUSAL_LM")
+    engine = initialize_engine(
+        ResponseLogProbModel(lm),
+        EngineSettings(zero_stage=args.zero_stage, dtype=dtype, lr=1e-5),
+    )
+    rows = 4 if args.cpu_smoke else args.lora_rows
+    prompt, response = (8, 8) if args.cpu_smoke else (args.prompt, args.response)
+    batch = mfu_batch(rows, prompt, response, shape["vocab_size"], device)
+    settings = PPOUpdateSettings(
+        mini_batch_size=rows, micro=MicroBatching(micro_batch_size=min(args.micro, rows))
+    )
+    loss = {"clip_ratio": 0.2, "loss_agg_mode": "token-mean", "entropy_coeff": 0.0}
+    step = lambda: update_actor(engine, batch, settings, loss)  # noqa: E731
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        seconds = cuda_seconds(step, warmup=1, repeats=3)
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        step()
+        start = time.perf_counter()
+        step()
+        seconds, peak = time.perf_counter() - start, 0
+    optimizer = engine.optimizer
+    while not isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    return {
+        "params": sum(p.numel() for p in lm.parameters()),
+        "trainable": sum(p.numel() for p in lm.parameters() if p.requires_grad),
+        "seconds": seconds,
+        "peak_gib": peak / 2**30,
+        "optimizer_gib": sum(t.numel() * t.element_size() for t in state) / 2**30,
+        "tokens": int(batch.batch["attention_mask"].sum()),
+    }
+
+
+def lora_part(args: argparse.Namespace) -> list[str]:
+    if not (torch.cuda.is_available() or args.cpu_smoke):
+        return [
+            "## LoRA vs full training",
+            "- skipped: no CUDA device (torch.cuda.is_available() is False)",
+        ]
+    runs = {}
+    for variant in LORA_RANKS:
+        command = [
+            sys.executable, __file__, "lora", "--report", os.devnull, "--lora-variant", variant,
+            "--zero-stage", str(args.zero_stage), "--lora-rows", str(args.lora_rows),
+            "--prompt", str(args.prompt), "--response", str(args.response),
+            "--micro", str(args.micro), *(["--cpu-smoke"] if args.cpu_smoke else []),
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        found = [line for line in done.stdout.splitlines() if line.startswith("LORA ")]
+        if done.returncode or not found:
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])[-400:]
+            runs[variant] = {"error": tail or f"exit status {done.returncode}"}
+        else:
+            runs[variant] = json.loads(found[-1].removeprefix("LORA "))
+    full = runs["full"]
+    device = "CPU smoke run (tiny shape: figures mean nothing)" if args.cpu_smoke else "bf16"
+    shape_name = "a tiny shape" if args.cpu_smoke else "Qwen2.5-0.5B's shape"
+    lines = [
+        f"## LoRA vs full training (DeepSpeed ZeRO-{args.zero_stage}, {device})",
+        f"- model: random Qwen2 of {shape_name}, {full.get('params', 0) / 1e6:.1f} M "
+        f"parameters; mini-batch {full.get('tokens', 0)} tokens, "
+        f"{'one step after a warm-up' if args.cpu_smoke else 'best of 3 steps'}",
+        "",
+        "| variant | trainable | step s | peak GPU GiB | optimizer state GiB |",
+        "|---|---|---|---|---|",
+    ]
+    for variant, got in runs.items():
+        if "error" in got:
+            lines.append(f"| {variant} | failed: {got['error']} | | | |")
+            continue
+        lines.append(
+            f"| {variant} | {got['trainable'] / 1e6:.2f} M | {got['seconds']:.3f} | "
+            f"{got['peak_gib']:.2f} | {got['optimizer_gib']:.3f} |"
+        )
+    for variant, got in runs.items():
+        if variant != "full" and "error" not in got and "error" not in full:
+            memory = (
+                f", peak memory {got['peak_gib'] / full['peak_gib']:.2f}"
+                if full["peak_gib"]
+                else ""
+            )
+            lines.append(
+                f"- {variant} ÷ full: step time {got['seconds'] / full['seconds']:.2f}{memory}"
+            )
+    return lines
+
+
+PARTS = {"peak": peak_part, "mfu": mfu_part, "rollout": rollout_part, "lora": lora_part}
 
 
 def main() -> None:
@@ -256,9 +398,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--response", type=int, default=512)
-    parser.add_argument("--micro", type=int, default=16, help="rows per micro-batch (mfu)")
+    parser.add_argument("--micro", type=int, default=16, help="rows per micro-batch (mfu, lora)")
+    parser.add_argument("--lora-rows", type=int, default=32, help="mini-batch rows (lora)")
+    parser.add_argument("--cpu-smoke", action="store_true", help="lora on the CPU, tiny shape")
+    parser.add_argument("--lora-variant", choices=sorted(LORA_RANKS), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    if args.lora_variant:  # one variant of the lora part, in a process of its own
+        print("LORA " + json.dumps(lora_variant(args)), flush=True)
+        return
+    if not torch.cuda.is_available() and args.part != "lora":
         raise SystemExit("gpu_check.py needs CUDA: torch.cuda.is_available() is False")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     lines = PARTS[args.part](args)

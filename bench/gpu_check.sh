@@ -12,8 +12,10 @@
 #    log-probs, HF rollouts, micro-batch split invariance in fp32 ZeRO-2, the actor worker), and
 #    tests/engines/test_rollout_vllm.py (all but `slow`, gpu ones included) when vllm imports;
 # 4. measures the GPU figures (bench/gpu_check.py): peak bf16 matmul, actor-update MFU
-#    (6·N·tokens/s ÷ peak), HF rollout tokens/s and, when vllm imports, vLLM's, and the actor →
-#    vLLM weight sync's time and host memory (bench/weight_sync.py, 100M parameters);
+#    (6·N·tokens/s ÷ peak), HF rollout tokens/s and, when vllm imports, vLLM's, LoRA rank 8 / 64
+#    against full training (step time, peak memory, optimizer state; a Qwen2.5-0.5B-shaped
+#    model built from a config), and the actor → vLLM weight sync's time and host memory
+#    (bench/weight_sync.py, 100M parameters);
 # 5. writes a short report to $OUT/gpu_report.md (./gpu_report.md when OUT is unset) and the whole
 #    log to gpu_check.log beside it.
 # Every step has a time limit inside an overall budget (PPOFLOW_GPU_BUDGET_S, default 470 s); a step
@@ -21,8 +23,9 @@
 #
 # Wheels. The CUDA image has python3 with torch, transformers, numpy, pytest, pyyaml, pyarrow,
 # safetensors, fsspec, … but not deepspeed, tensordict, pydantic, or the config loader's omegaconf,
-# hydra-core and antlr4 (the actor-worker test loads a YAML config); its transformers may be older
-# than the one CI tests, so the CPU environment's version travels too. Fill bench/wheels on the CPU
+# hydra-core and antlr4 (the actor-worker test loads a YAML config), nor (for the LoRA part) peft
+# and its accelerate and psutil; its transformers may be older than the one CI tests, so the CPU
+# environment's version travels too. Fill bench/wheels on the CPU
 # machine (network access, the project's .venv) with
 #
 #     bash bench/gpu_check.sh --fetch-wheels
@@ -33,7 +36,7 @@
 #         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #         --platform manylinux2014_x86_64 -d bench/wheels tensordict==V pyvers==V hjson==V \
 #         pydantic==V pydantic-core==V annotated-types==V typing-inspection==V typing-extensions==V \
-#         omegaconf==V hydra-core==V transformers==V
+#         omegaconf==V hydra-core==V transformers==V peft==V accelerate==V psutil==V
 #     .venv/bin/python -m pip wheel --no-deps --no-build-isolation -w bench/wheels deepspeed==V \
 #         antlr4-python3-runtime==V
 #
@@ -47,7 +50,7 @@
 set -u -o pipefail
 
 WHEEL_PACKAGES=(tensordict pyvers hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions
-    omegaconf hydra-core transformers)
+    omegaconf hydra-core transformers peft accelerate psutil)
 SDIST_PACKAGES=(deepspeed antlr4-python3-runtime)
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -158,7 +161,7 @@ else
 fi
 "$PY" - >>"$REPORT" <<'EOF'
 import importlib.metadata as metadata
-names = ["deepspeed", "transformers", "tensordict", "pydantic", "omegaconf", "hydra-core", "vllm", "pytest"]
+names = ["deepspeed", "transformers", "tensordict", "pydantic", "omegaconf", "hydra-core", "peft", "vllm", "pytest"]
 def version(name):
     try:
         return metadata.version(name)
@@ -202,6 +205,9 @@ run_limited "mfu" 110 "$PY" bench/gpu_check.py mfu --report "$FIGURES" --peak-tf
 step "rollout tokens/s"
 run_limited "rollout" 110 "$PY" bench/gpu_check.py rollout --report "$FIGURES" \
     --rows 256 --prompt 128 --response 256
+step "LoRA vs full training"
+run_limited "lora" 150 "$PY" bench/gpu_check.py lora --report "$FIGURES" --zero-stage 2 \
+    --lora-rows 32 --prompt 512 --response 512 --micro 8
 if "$PY" -c 'import vllm, psutil' 2>/dev/null; then
     step "weight sync to vLLM"
     run_limited "weight sync" 150 "$PY" bench/weight_sync.py --sizes 100m --pairs 2 \

@@ -1,5 +1,11 @@
 """Export the actor of a checkpoint as a plain Hugging Face model directory: ``ppoflow export``.
 
+A LoRA run's checkpoint (adapters only, ``flows/export_lora.py``) exports as a PEFT adapter
+directory (``adapter_config.json`` + ``adapter_model.safetensors``, written by PEFT's
+``save_pretrained``, plus the tokenizer), or with ``merged`` as the merged model, a model
+directory as below; ``merged`` on a full-training checkpoint changes nothing (its weights are
+the model already).
+
 The output directory holds ``model.safetensors``, ``config.json``, ``generation_config.json``
 and the tokenizer files, written with the transformers API (``PreTrainedModel.save_pretrained``
 — transformers 5 writes safetensors only, so there is no ``safe_serialization`` switch left to
@@ -40,6 +46,10 @@ config) and put into a model built from the base config on the ``meta`` device (
 no second copy), tied embeddings re-tied. ZeRO 0–2 store the compute-dtype weights, so
 ``float32`` from a ``bfloat16`` run is the bf16 weights widened; ZeRO 3 stores fp32 masters.
 
+Every kind of export writes ``ppoflow_export.json``: the run, step, checkpoint, ZeRO stage,
+base model and dtype, ``kind`` (``model``, ``adapter`` or ``merged``) and for LoRA the adapter's
+settings and the base model's fingerprint, which the export checks before reading a weight.
+
 The directory is written as ``.<OUT>.partial-<pid>`` beside OUT and renamed into place; an
 existing OUT is replaced only when it is empty or with ``force``.
 """
@@ -57,6 +67,7 @@ from typing import Any
 
 import torch
 
+from flows.export_errors import ExportError
 from flows.runs.index import is_run_dir, working_dir
 from stages.engines.checkpoint import MANIFEST, STATE_TAG, checkpoint_steps
 from stages.engines.checkpoint_manifest import STEP_DIR, CheckpointVerify, verify_checkpoint
@@ -69,21 +80,20 @@ ZERO_MODEL_FILE = "mp_rank_00_model_states.pt"  # ZeRO 0–2: the whole module, 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ExportError(ValueError):
-    """A bad export request: no such run or step, no base model, an output that is not empty."""
-
-
 # --- where the weights are ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ActorCheckpoint:
-    """An actor engine checkpoint directory (``…/global_step_<step>/actor``) and its manifest."""
+    """An actor engine checkpoint directory (``…/global_step_<step>/actor``) and its manifest;
+    ``adapter``: the manifest's LoRA record (settings and base fingerprint), None for full
+    training."""
 
     directory: Path
     step: int
     zero_stage: int
     world_size: int
+    adapter: dict[str, Any] | None = None
 
     @classmethod
     def at(cls, path: str | os.PathLike, verify: CheckpointVerify = "full") -> ActorCheckpoint:
@@ -106,13 +116,9 @@ class ActorCheckpoint:
                 "ppoflow train"
             )
         manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
-        if manifest.get("adapter") is not None:  # the LoRA adapters only, not a whole model
-            raise NotImplementedError(
-                f"{directory} holds LoRA adapters (rank {manifest['adapter'].get('rank')}), not "
-                "the model's weights: exporting adapters (a PEFT adapter directory, or the merged "
-                "model) is not implemented yet; the checkpoint resumes training as it is"
-            )
-        return cls(directory, step, manifest["zero_stage"], manifest["world_size"])
+        return cls(
+            directory, step, manifest["zero_stage"], manifest["world_size"], manifest.get("adapter")
+        )
 
     def compute_dtype(self) -> str:
         """The dtype the engine computed in (its DeepSpeed config: bf16 enabled or not)."""
@@ -127,8 +133,9 @@ class ActorCheckpoint:
         return sorted(state.glob("*_model_states.pt"))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The Hugging Face model's weights (names without the ``lm.`` wrapper prefix), read
-        as the module docstring says."""
+        """The weights the checkpoint holds, names without the ``lm.`` wrapper prefix, read as
+        the module docstring says: the Hugging Face model's, or with LoRA the adapter
+        parameters under the PEFT model's names (``base_model.model.….lora_A.default.weight``)."""
         if self.zero_stage < 3:
             module = self._load(self.model_files()[0])["module"]
         else:
@@ -172,6 +179,11 @@ class ExportSource:
     dtype: str
     trust_remote_code: bool = False
     run_dir: str | None = None
+
+    def path(self, path: str) -> str:
+        """A path of the run's config as this process can open it (:func:`run_path`); for a
+        bare checkpoint, ``path`` itself."""
+        return run_path(self.run_dir, path) if self.run_dir is not None else path
 
     def describe(self) -> str:
         """``step K of RUN (checkpoint …)`` or ``checkpoint … (step K)``, with the ZeRO stage
@@ -242,13 +254,15 @@ def export_source(
                 "the run's actor_rollout_ref.model.path",
                 "pass --base MODEL_DIR, the model directory the run started from",
             )
-        return ExportSource(
-            checkpoint=checkpoint,
-            base_model=base or run_path(path, model.path),
-            tokenizer=base or run_path(path, model.tokenizer_path or model.path),
-            dtype=model.dtype,
-            trust_remote_code=model.trust_remote_code,
-            run_dir=str(Path(path).absolute()),
+        return checked_base(
+            ExportSource(
+                checkpoint=checkpoint,
+                base_model=base or run_path(path, model.path),
+                tokenizer=base or run_path(path, model.tokenizer_path or model.path),
+                dtype=model.dtype,
+                trust_remote_code=model.trust_remote_code,
+                run_dir=str(Path(path).absolute()),
+            )
         )
     if not Path(path).exists():
         raise ExportError(missing_source(Path(path)))
@@ -262,7 +276,17 @@ def export_source(
             f"{path} is a checkpoint folder, which holds weights only; pass --base MODEL_DIR, "
             "the model directory the run started from (its actor_rollout_ref.model.path)"
         )
-    return ExportSource(checkpoint, base, base, checkpoint.compute_dtype())
+    return checked_base(ExportSource(checkpoint, base, base, checkpoint.compute_dtype()))
+
+
+def checked_base(source: ExportSource) -> ExportSource:
+    """``source``, after checking that a LoRA checkpoint's base model is the one its adapters
+    were trained on (``flows.export_lora.check_adapter_base``)."""
+    if source.checkpoint.adapter is not None:
+        from flows.export_lora import check_adapter_base
+
+        check_adapter_base(source)
+    return source
 
 
 def check_base(base: str, what: str, advice: str) -> None:
@@ -338,30 +362,55 @@ def build_model(source: ExportSource, dtype: torch.dtype) -> Any:
     return model
 
 
+def export_kind(source: ExportSource, merged: bool) -> str:
+    """What an export of ``source`` writes: ``model`` (a full-training checkpoint, ``merged``
+    or not), ``adapter`` (a PEFT adapter directory) or ``merged`` (the merged model)."""
+    if source.checkpoint.adapter is None:
+        return "model"
+    return "merged" if merged else "adapter"
+
+
 def export_model(
-    source: ExportSource, out: str | os.PathLike, dtype: str | None = None, force: bool = False
+    source: ExportSource,
+    out: str | os.PathLike,
+    dtype: str | None = None,
+    force: bool = False,
+    merged: bool = False,
 ) -> Path:
-    """Write the Hugging Face directory of ``source`` to ``out`` (module docstring); returns it.
+    """Write the export of ``source`` to ``out`` (module docstring); returns it.
 
     Args:
         dtype: ``float32``, ``bfloat16`` or ``float16``; default ``source.dtype``.
         force: replace a non-empty ``out``.
+        merged: a LoRA checkpoint as the merged model instead of a PEFT adapter directory (a
+            full-training checkpoint exports its model either way).
     """
     from transformers import AutoTokenizer
+
+    from flows import export_lora
 
     name = dtype or source.dtype
     if name not in EXPORT_DTYPES:
         raise ExportError(f"--dtype {name!r} is not one of {sorted(EXPORT_DTYPES)}")
     out = Path(out).absolute()
     check_output(out, source, force)
-    model = build_model(source, EXPORT_DTYPES[name])
+    kind = export_kind(source, merged)
+    builders = {
+        "model": build_model,
+        "adapter": export_lora.adapter_model,
+        "merged": export_lora.merged_model,
+    }
+    model = builders[kind](source, EXPORT_DTYPES[name])
     tokenizer = AutoTokenizer.from_pretrained(
         source.tokenizer, trust_remote_code=source.trust_remote_code
     )
     partial = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        model.save_pretrained(partial)
+        if kind == "adapter":
+            export_lora.save_adapter(model, partial)
+        else:
+            model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
         provenance = {
             "run_dir": source.run_dir,
@@ -370,7 +419,12 @@ def export_model(
             "zero_stage": source.checkpoint.zero_stage,
             "base_model": source.base_model,
             "dtype": name,
+            "kind": kind,
         }
+        if source.checkpoint.adapter is not None:
+            adapter = dict(source.checkpoint.adapter)
+            provenance["base_fingerprint"] = adapter.pop("base_model")
+            provenance["adapter"] = adapter
         (partial / EXPORT_FILE).write_text(json.dumps(provenance, indent=1), encoding="utf-8")
         _move_into_place(partial, out)
     except BaseException:
@@ -392,6 +446,7 @@ __all__ = [
     "ActorCheckpoint",
     "ExportError",
     "ExportSource",
+    "export_kind",
     "export_model",
     "export_source",
     "run_checkpoint",

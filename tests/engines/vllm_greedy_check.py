@@ -6,7 +6,8 @@ sent the actor's weights when an update changed them). When that call built or s
 the call's prompts are decoded greedily twice — by vLLM, and by HF ``generate`` on the actor's
 own module — and one JSON line is appended to ``$PPOFLOW_GREEDY_CHECK_DIR/rank<r>.jsonl``:
 ``{"rank", "tensor_parallel_size", "executor", "rows", "equal", "vllm", "hf"}`` (the engine's
-vLLM parallel settings). Then the rollout runs as ``vllm``'s does. Without
+vLLM parallel settings). An actor with LoRA adapters is also decoded by HF with its adapters off
+(the base model), recorded as ``"base"`` and ``"adapted"`` (whether the adapters changed a token). Then the rollout runs as ``vllm``'s does. Without
 the environment variable the rollout raises, so a run meant to be checked cannot go unchecked.
 The ranks of a Ray run import the module too (they find it on PYTHONPATH, and inherit the
 variable from the driver that started Ray). Pytest does not collect it (tests/engines/conftest.py):
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from stages.engines.adapters import adapters_off
 from stages.engines.roles import on_host
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 
@@ -54,6 +56,10 @@ def _generate(worker, prompts, settings):
             "vllm": by_vllm.tolist(),
             "hf": by_hf.tolist(),
         }
+        if worker.adapter is not None:
+            with adapters_off(worker.lm):
+                by_base = hf.generate(worker, prompts, greedy).batch["responses"]
+            record.update(base=by_base.tolist(), adapted=not torch.equal(by_hf, by_base))
         log_dir.mkdir(parents=True, exist_ok=True)
         with open(log_dir / f"rank{record['rank']}.jsonl", "a", encoding="utf-8") as log:
             log.write(json.dumps(record) + "\n")

@@ -2,11 +2,17 @@
 kill -9 / resume of such a run.
 
 The run: the LoRA demo config at the tiny size (tests/conftest.py: 4 prompts × n 2, 8 response
-tokens). Checked from its artifacts and checkpoints: the actor checkpoint holds the adapters only
-(every saved parameter a ``lora_`` one, some of them moved from their zero start) with the base
-model's fingerprint; no reference engine is built, and step 1's ``ref_log_prob`` equals the log-probs
-of the base model loaded on its own (a ``RefWorker`` without LoRA) on step 1's batch; the KL loss
-is reported.
+tokens), a checkpoint after each of its 2 steps. Checked from its artifacts and checkpoints: the
+actor checkpoint holds the adapters only (every saved parameter a ``lora_`` one, some of them
+moved from their zero start) with the base model's fingerprint; no reference engine is built, and
+step 1's ``ref_log_prob`` equals the log-probs of the base model loaded on its own (a
+``RefWorker`` without LoRA) on step 1's batch; the KL loss is reported.
+
+Export and validation of the run: ``ppoflow export RUN --step 1`` writes a PEFT adapter directory
+that, loaded with ``AutoModelForCausalLM`` + ``PeftModel.from_pretrained``, gives the log-probs
+the run itself computed at step 2 (``old_log_prob``, after step 1's update); ``ppoflow validate
+RUN --step 2`` prints the validation metrics the run logged at step 2, and so does ``--model`` of
+step 2's adapter export and of its ``--merged`` export.
 
 kill -9: one uninterrupted ``ppoflow train`` of 4 steps with a checkpoint after steps 2 and 4,
 and a second one SIGKILLed (its process group, tests/flows/killpoints/sitecustomize.py) at the
@@ -17,6 +23,7 @@ bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,13 +32,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+from typer.testing import CliRunner
 
 from dataproto.artifact import load_artifact
+from flows.cli.app import app
 from flows.runs.derived_keys import load_stage_artifact
 from flows.runs.store import RunStore
 from flows.train import train
+from flows.validate_run import validate_run
 from stages.config import load_config
 from stages.engines.checkpoint import checkpoint_dir
+from stages.engines.logprob import response_logprobs
 from stages.engines.roles import RefWorker
 from stages.engines.safe_load import weights_only_load
 
@@ -47,6 +60,52 @@ def demo(tmp_path_factory, make_demo_inputs) -> Path:
     return make_demo_inputs(tmp_path_factory.mktemp("demo"))
 
 
+SPREAD_SCORE = (
+    "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+    "    return float(sum(map(ord, solution_str)) % 5) / 4\n"
+)
+
+
+@pytest.fixture(scope="module")
+def scaled_demo(tmp_path_factory, make_demo_inputs) -> Path:
+    """The demo inputs with the tiny model's layer matrices scaled ×6 (at init scale its tied
+    embeddings decide greedy decoding whatever the layers) and a scorer whose scores spread
+    over the response text (``spread_score.py``): validation sees what the adapters changed."""
+    from stages.engines.models import load_causal_lm
+
+    root = make_demo_inputs(tmp_path_factory.mktemp("scaled-demo"))
+    model = load_causal_lm(root / "model")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".layers." in name and parameter.ndim == 2:
+                parameter.mul_(6.0)
+    model.save_pretrained(root / "model")
+    (root / "spread_score.py").write_text(SPREAD_SCORE)
+    return root
+
+
+def export(*args) -> Path:
+    """``ppoflow export ARGS…``; the directory it wrote (its last line)."""
+    done = CliRunner().invoke(app, ["export", *map(str, args)])
+    assert done.exit_code == 0, done.output
+    return Path(done.stdout.splitlines()[-1])
+
+
+def response_log_probs(model, batch, adapters=None) -> torch.Tensor:
+    """(B, R) log-probs of the batch's responses under ``model`` (temperature 1); with
+    ``adapters`` (the PEFT model around ``model``) switched off."""
+    context = adapters.disable_adapter() if adapters is not None else contextlib.nullcontext()
+    with torch.no_grad(), context:
+        values, _ = response_logprobs(
+            model.eval(),
+            batch.batch["input_ids"],
+            batch.batch["attention_mask"],
+            batch.batch["position_ids"],
+            batch.batch["responses"].shape[1],
+        )
+    return values
+
+
 def module_state(root: Path, step: int, name: str = "mp_rank_00_model_states.pt") -> dict:
     return weights_only_load(
         checkpoint_dir(root, step, "actor") / "state" / name, map_location="cpu"
@@ -54,11 +113,19 @@ def module_state(root: Path, step: int, name: str = "mp_rank_00_model_states.pt"
 
 
 def test_lora_grpo_with_a_kl_loss_trains_the_adapters_on_the_base(
-    demo, tmp_path, tiny_run_overrides
+    scaled_demo, tmp_path, tiny_run_overrides
 ):
+    demo = scaled_demo
     overrides = tiny_run_overrides(
-        demo, tmp_path, 2, "trainer.val_before_train=false", "trainer.balance_batch=false"
-    )  # rows in rollout order: step 1's rollout artifact is the reference stage's batch
+        demo,
+        tmp_path,
+        2,
+        "trainer.val_before_train=false",
+        "trainer.balance_batch=false",  # rows in rollout order (the artifacts compared below)
+        "trainer.save_freq=1",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
+        f"reward.custom_reward_function.path={demo}/spread_score.py",
+    )
     result = train(CONFIG, overrides, str(tmp_path / "run"))
     cfg = load_config(CONFIG, overrides)
     assert cfg.derived.reference_in_actor and cfg.derived.use_reference_policy
@@ -86,11 +153,31 @@ def test_lora_grpo_with_a_kl_loss_trains_the_adapters_on_the_base(
     assert all(step["actor/kl_loss"] >= 0 for step in result.history)
     assert result.history[-1]["actor/kl_loss"] > 0  # the adapted policy moved off its base
 
-    # exporting an adapter checkpoint is refused in one line, saying it is not implemented
-    from flows.export import ActorCheckpoint
+    # step 1's adapter export gives the log-probs the run computed at step 2 (after step 1's
+    # update), which the base model does not
+    run = str(result.run_dir)
+    adapter_1 = export(run, "--step", "1", tmp_path / "adapter-1")
+    assert (adapter_1 / "adapter_config.json").is_file()
+    step_2 = load_stage_artifact(store.artifact_path(2, "rollout"))
+    old = load_artifact(store.artifact_path(2, "old_log_prob")).batch["old_log_probs"]
+    base_model = AutoModelForCausalLM.from_pretrained(demo / "model")
+    mask = step_2.batch["response_mask"].bool()
+    adapted = PeftModel.from_pretrained(base_model, adapter_1)
+    torch.testing.assert_close(response_log_probs(adapted, step_2)[mask], old[mask])
+    base_only = response_log_probs(adapted.get_base_model(), step_2, adapters=adapted)
+    assert (base_only[mask] - old[mask]).abs().max() > 1e-4  # the adapters moved the policy
 
-    with pytest.raises(NotImplementedError, match=r"holds LoRA adapters .* not implemented"):
-        ActorCheckpoint.at(tmp_path / "checkpoints" / "global_step_2")
+    # validation of step 2: the checkpoint, its adapter export, its merged export
+    logged = {k: v for k, v in result.history[-1].items() if k.startswith("val-")}
+    assert logged
+    adapter_2 = export(run, "--step", "2", tmp_path / "adapter-2")
+    merged_2 = export(run, "--step", "2", tmp_path / "merged-2", "--merged")
+    assert (merged_2 / "config.json").is_file() and not (merged_2 / "adapter_config.json").exists()
+    for how in ({"step": 2}, {"model_dir": adapter_2}, {"model_dir": merged_2}):
+        validation = validate_run(run, **how)
+        assert validation.result.metrics == logged, how
+    base_validation = validate_run(run, model_dir=demo / "model")  # LoRA keys off: the base
+    assert base_validation.result.metrics != logged  # the adapters changed what validation sees
 
 
 # --- kill -9 and resume ---------------------------------------------------------------------------
