@@ -86,7 +86,9 @@ def latch_stop_signals() -> Iterator[None]:
     function is recorded in :data:`LATCH` and then handled as before (Prefect's handler raises
     ``TerminationSignal``, Python's SIGINT handler ``KeyboardInterrupt``); a signal that is
     ignored or left to the operating system is left so. The handlers in place before are
-    restored after. Outside the main thread the block runs as it is."""
+    restored after, and the latch is cleared (a stop that ended the block is carried by its
+    exception; a later run in this process starts clear). Outside the main thread the block
+    runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -99,6 +101,7 @@ def latch_stop_signals() -> Iterator[None]:
     finally:
         for signum, handler in wrapped.items():
             signal.signal(signum, handler)
+        LATCH.clear()
 
 
 def raise_if_stop_requested() -> None:

@@ -273,7 +273,12 @@ def test_runs_resumes_and_branches_on_a_real_mlflow_server(
         assert "`critic/score/mean`" in tags["mlflow.note.content"].split("| metric |", 1)[1]
         assert [p.step for p in client.get_metric_history(a.mlflow_run_id, CACHE_HITS)] == [1, 2]
         tables = json.loads(tags["mlflow.loggedArtifacts"])
-        assert tables == [{"path": "val_generations/step_000002.json", "type": "table"}]
+        assert sorted(t["path"] for t in tables) == [
+            "train_generations/step_000001.json",  # ppoflow.log_train_generations: step 1 and
+            "train_generations/step_000002.json",  # the last
+            "val_generations/step_000002.json",
+        ]
+        assert {t["type"] for t in tables} == {"table"}
         local = client.download_artifacts(
             a.mlflow_run_id, "val_generations/step_000002.json", str(tmp_path / "downloaded")
         )
