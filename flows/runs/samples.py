@@ -160,11 +160,11 @@ def _seq_scores(reward: DataProto) -> tuple[torch.Tensor, str]:
     return reward.batch[K.RM_SCORES].float().sum(-1), f"Σ reward.{K.RM_SCORES}"
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> list[float | None]:
+def masked_row_means(values: torch.Tensor, mask: torch.Tensor) -> list[float | None]:
     """(B, R) values, (B, R) {0,1} mask → per row the mean over the mask (None where empty).
 
     >>> values = torch.tensor([[1.0, 3.0, 9.0], [2.0, 2.0, 2.0]])
-    >>> _masked_mean(values, torch.tensor([[1, 1, 0], [0, 0, 0]]))
+    >>> masked_row_means(values, torch.tensor([[1, 1, 0], [0, 0, 0]]))
     [2.0, None]
     """
     mask = mask.to(values.dtype)
@@ -256,7 +256,7 @@ def _samples(
     prompt_mask = step_input.batch[K.PROMPT_ATTENTION_MASK].bool()  # (B, P)
     responses, response_mask, lengths = response_side(sources["rollout"])
     scores = _seq_scores(reward)[0][torch.as_tensor(sources["reward"][1])].tolist()  # (B,)
-    advantages = _masked_mean(_rows(sources["advantage"], K.ADVANTAGES).float(), response_mask)
+    advantages = masked_row_means(_rows(sources["advantage"], K.ADVANTAGES).float(), response_mask)
     columns: dict[str, list[str]] = {}
     for name in ("input", "rollout", "reward"):
         columns.update(_scalar_columns(*sources[name]))

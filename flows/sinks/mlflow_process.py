@@ -322,17 +322,14 @@ class MLflowProcessSink:
         rows = read_pending(aside)
         self._child.kill()
         try:
-            self._child = _Process.launch()
+            child = _Process.launch()
         except OSError as err:
             self._restore_pending(aside, path)
             log.warning("MLflow: no process could be launched to end run %s: %s", self.run_id, err)
             return
-        self._opened, self._start_reply, self._built = None, None, False
-        self._unsettled, self._delivered = [], 0
-        self._awaiting.clear()
-        self._handing_over, self._gone = True, None
+        self._unsettled, self._gone = [], None
         self.max_restarts = self.restarts  # the next loss gives up at once
-        self._send_settings()
+        self._adopt(child)
         try:
             if rows:
                 self._deliver(("log_pending", ([list(row) for row in rows],)), closing=False)
@@ -532,12 +529,7 @@ class MLflowProcessSink:
             launch = f"; a new one could not be launched: {err}"
             raise self._give_up(old, lost, call, launch) from err
         self.restarts += 1
-        self._child = child
-        self._opened, self._start_reply, self._built = None, None, False
-        self._delivered = 0
-        self._awaiting.clear()
-        self._handing_over = True
-        self._send_settings()
+        self._adopt(child)
         log.warning(
             "MLflow: the process logging run %s (pid %d) %s; a new one (pid %d, restart %d of at "
             "most %d) continues the run and is sent again the %d call(s) the store may lack",
@@ -549,6 +541,16 @@ class MLflowProcessSink:
             self.max_restarts,
             len(self._unsettled),
         )
+
+    def _adopt(self, child: _Process) -> None:
+        """Make ``child`` this sink's process: nothing read from it or sent to it yet, the run to
+        be handed over (``take_over``) before the queued calls, its settings sent."""
+        self._child = child
+        self._opened, self._start_reply, self._built = None, None, False
+        self._delivered = 0
+        self._awaiting.clear()
+        self._handing_over = True
+        self._send_settings()
 
     def _give_up(self, pid: int, lost: _Lost, call: Call, launch: str = "") -> MLflowProcessGone:
         """Save the metrics of the queued calls (but ``call``'s: the fan-out saves a failing

@@ -26,10 +26,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from dataproto import DataProto
 from dataproto import keys as K
+from flows.runs.samples import masked_row_means
 from flows.sinks.generations_dump import decode_masked, reward_extras
 
 #: the table's artifact file; zero-padded, so the files sort by step
@@ -63,13 +63,6 @@ def first_groups(uid: np.ndarray, groups: int) -> np.ndarray:
     return np.array([row for rows in chosen.values() for row in rows], dtype=np.int64)
 
 
-def _masked_means(values: torch.Tensor, mask: torch.Tensor) -> list[float | None]:
-    """(B, R) values, (B, R) mask → each row's mean over its mask, None where the mask is empty."""
-    counts = mask.sum(-1)
-    sums = (values.float() * mask).sum(-1)
-    return [None if n == 0 else float(s / n) for s, n in zip(sums.tolist(), counts.tolist())]
-
-
 def train_generation_rows(
     batch: DataProto, tokenizer: Any, step: int, groups: int
 ) -> list[dict[str, Any]]:
@@ -88,7 +81,7 @@ def train_generation_rows(
         "input": decode_masked(tokenizer, tensors[K.PROMPTS], tensors[K.ATTENTION_MASK][:, :width]),
         "output": decode_masked(tokenizer, tensors[K.RESPONSES], mask),
         "score": tensors[K.TOKEN_LEVEL_SCORES].sum(-1).tolist(),
-        "advantage": _masked_means(tensors[K.ADVANTAGES], mask),
+        "advantage": masked_row_means(tensors[K.ADVANTAGES].float(), mask),
         "response_length": mask.sum(-1).tolist(),
         "ground_truth": [t.get("ground_truth") if isinstance(t, dict) else None for t in truths],
     }
