@@ -171,21 +171,11 @@ def _drain_publishers() -> None:
 
 def _group_members(pgid: int) -> list[dict[str, Any]]:
     """pid, parent pid and command line of each live process of group ``pgid`` (from /proc)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat_file:
-                stat = stat_file.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as cmd_file:
-                argv = cmd_file.read().decode(errors="replace").split("\0")
-        except OSError:  # the process ended while we looked
-            continue
-        state, ppid, group = stat[stat.rindex(")") + 2 :].split()[:3]
-        if int(group) == pgid and state not in ("Z", "X"):
-            members.append({"pid": int(entry), "ppid": int(ppid), "argv": argv[:-1]})
-    return members
+    return [
+        {"pid": pid, "ppid": ppid, "argv": argv}
+        for pid, (ppid, state, group, argv) in _processes().items()
+        if group == pgid and state not in ("Z", "X")
+    ]
 
 
 def reached(point: str, detail: str) -> None:
@@ -228,8 +218,9 @@ def _write_log(line: dict[str, Any]) -> None:
 # --- faults of side processes (PPOFLOW_TEST_FAULT) -----------------------------------------------
 
 
-def _processes() -> dict[int, tuple[int, str, list[str]]]:
-    """pid → (parent pid, state letter, command line) of every process (from /proc)."""
+def _processes() -> dict[int, tuple[int, str, int, list[str]]]:
+    """pid → (parent pid, state letter, process group, command line) of every process (from
+    /proc)."""
     table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -241,8 +232,8 @@ def _processes() -> dict[int, tuple[int, str, list[str]]]:
                 argv = cmd_file.read().decode(errors="replace").split("\0")[:-1]
         except OSError:  # the process ended while we looked
             continue
-        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-        table[int(entry)] = (int(ppid), state, argv)
+        state, ppid, group = stat[stat.rindex(")") + 2 :].split()[:3]
+        table[int(entry)] = (int(ppid), state, int(group), argv)
     return table
 
 
@@ -283,7 +274,7 @@ def descendants() -> list[dict[str, Any]]:
     while True:
         new = [
             (pid, ppid, argv)
-            for pid, (ppid, state, argv) in sorted(table.items())
+            for pid, (ppid, state, _group, argv) in sorted(table.items())
             if ppid in parents and pid not in parents and state not in ("Z", "X")
         ]
         if not new:
