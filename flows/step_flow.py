@@ -36,13 +36,14 @@ from typing import Any
 import torch
 from prefect import Flow
 
-from dataproto.artifact import Verify
+from dataproto.artifact import ArtifactRef, Verify
 from dataproto.protocol import DataProto
 from flows.cache.keys import artifact_key_fingerprints, reordered_fingerprints
 from flows.dag import StepPlan, batch_keys, plan_step
 from flows.runs.artifact_writer import writing_in_background
 from flows.runs.store import RunStore, StageRecord, StepJournal
 from flows.stage_task import (
+    StageOutcome,
     artifact_digest,
     reuse_stage,
     run_stage,
@@ -234,6 +235,8 @@ def _run_step(
     reuse_origin: str = "another run",
     run_weight_writers: bool = False,
     previous: StepJournal | None = None,
+    saved_input: ArtifactRef | None = None,
+    ahead: Mapping[str, StageOutcome] | None = None,
 ) -> StepResult:
     """Run one PPO step: every enabled stage in order, cached, its delta merged into the batch.
 
@@ -256,13 +259,17 @@ def _run_step(
         previous: an earlier journal of this step (a re-run's parent); a stage that misses
             names what changed since its record there. Default: the journal an earlier
             training into ``store`` left for this step, if any.
+        saved_input: ``batch`` as already stored as ``step_<k>/input`` (a step whose rollout
+            was launched ahead, flows/rollout_ahead.py); None: it is stored here.
+        ahead: stage name → the outcome of that stage of this step, run before the step (on
+            ``saved_input``'s key fingerprints): merged as it is, not run again.
     """
-    reuse = reuse or {}
+    reuse, ahead = reuse or {}, ahead or {}
     start = perf_counter()
     plan = plan_step(stages, ctx.config, batch_keys(batch), step=step)
     _check_weights(plan, weights_fingerprints)
     earlier = _records_by_stage(previous or store.previous_journal(step))
-    input_ref = store.save_input(step, batch, artifact_digest(ctx.config))
+    input_ref = saved_input or store.save_input(step, batch, artifact_digest(ctx.config))
     fingerprints = artifact_key_fingerprints(input_ref.fingerprint, batch_keys(batch))
     journal = StepJournal(
         step, input_artifact=input_ref.path, input_fingerprint=input_ref.fingerprint
@@ -271,7 +278,9 @@ def _run_step(
     metrics = dict(ctx.metrics)
     with writing_in_background(writes_in_background(ctx.config)):  # flows/runs/artifact_writer.py
         for stage in plan.stages:
-            if stage.name in reuse:
+            if stage.name in ahead:
+                outcome = ahead[stage.name]
+            elif stage.name in reuse:
                 outcome = reuse_stage(
                     stage, reuse[stage.name], reuse_origin, verify, batch, fingerprints
                 )

@@ -65,8 +65,7 @@ from prefect.runtime import flow_run
 
 from dataproto import DataProto
 from dataproto import keys as K
-from flows.engines import close_engines
-from flows.gen_rounds import step_input_of
+from flows.gen_rounds import StepPlanInput, step_input_of
 from flows.process.own_process import prepare_own_process
 from flows.process.prefect_server import describe_prefect
 from flows.process.server_guard import server_lost
@@ -96,6 +95,7 @@ from flows.sinks.train_generations import table_due, train_generation_rows
 from flows.step_flow import StepFlow, StepResult, describe_source, run_step
 from flows.train_run import (
     TrainRun,
+    close_run_engines,
     open_run,
     record_run_info,
     resolve_config,
@@ -111,6 +111,7 @@ from stages.metrics import (
 )
 from stages.metrics.signal import batch_signal_metrics, has_no_signal, no_signal_line
 from stages.ppo import PPO_STAGES
+from stages.schedules import staleness_metrics
 from stages.stage import StageContext
 
 #: Prefect retries of the stages that write no weights (rollout, reward, log-probs, advantage)
@@ -157,6 +158,7 @@ def step_metrics(
     metrics.update(compute_timing_metrics(batch, timing))
     metrics.update(compute_throughput_metrics(batch, timing, cfg.derived.dp_size))
     metrics.update(batch_signal_metrics(result.batch, gen_rounds))
+    metrics.update(staleness_metrics(result.batch, step))
     metrics.update({"training/global_step": float(step), "training/epoch": float(epoch)})
     metrics[CACHE_HITS] = cache_hits(result.records)
     return metrics
@@ -182,7 +184,13 @@ def train_step(run: TrainRun, step: int) -> StepOutput:
         "run_weight_writers": True,
     }
     weights_at_start = run.lineage.state_dict()
-    planned = step_input_of(run, step, options)  # flows/gen_rounds.py
+    launched: dict[str, Any] = {}
+    if run.ahead is not None:  # one step off: the rollout ran while the last step trained
+        taken = run.ahead.take(step, run.total_steps)  # flows/rollout_ahead.py
+        planned = StepPlanInput(PPO_STAGES, taken.batch, taken.metrics, 1)
+        launched = {"saved_input": taken.input_ref, "ahead": taken.ahead}
+    else:
+        planned = step_input_of(run, step, options)  # flows/gen_rounds.py
     result = run_step.fn(  # a plain call, not a subflow run: flows/step_flow.py says why
         planned.stages,
         planned.batch,
@@ -190,6 +198,7 @@ def train_step(run: TrainRun, step: int) -> StepOutput:
         run.store,
         step,
         **options,
+        **launched,
     )
     # the generation rounds' own step times (summed by merge_round_metrics) are part of the step
     result.metrics["timing_s/step"] += planned.metrics.get("timing_s/step", 0.0)
@@ -212,7 +221,8 @@ def train_step(run: TrainRun, step: int) -> StepOutput:
 def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:
     """Validate and print at ``step`` (generations table → the sinks); returns (mean score,
     val metrics), which the caller logs with the step's metrics."""
-    result = validate(run.cfg, run.engines, run.val_set, run.tokenizer, step)
+    engines = run.engines if run.ahead is None else run.ahead.validation_engines()
+    result = validate(run.cfg, engines, run.val_set, run.tokenizer, step)
     dump_validation(run.cfg.trainer.validation_data_dir, result.scored, run.tokenizer, step)
     run.progress.validation(step, result.mean_score, result.metrics)
     if result.generations:
@@ -326,7 +336,7 @@ def _train(config, overrides: Sequence[str] = (), run_dir: str | None = None) ->
     finally:
         run.progress.close()  # stop the live bar, also when the run failed
         close_quietly(publisher)
-        close_engines(run.engines)
+        close_run_engines(run)
         result.mlflow_run_id = run.sinks.run_ids.get("mlflow")
         try:
             if result.history:  # also the steps of a run that failed part-way

@@ -22,6 +22,7 @@ from flows.cache.keys import plugin_names
 from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
 from flows.process.device import apply_device
 from flows.process.startup import Startup, current_startup, describe_model, describe_sinks
+from flows.rollout_ahead import open_rollout_ahead
 from flows.runs.checkpoints import (
     checkpoint_metrics,
     checkpoint_run,
@@ -92,6 +93,10 @@ class TrainRun:
     resumed: ResumedRun | None = None  # the checkpoint this run continues from
     lock: RunLock | None = None  # the run directory's, released when the run ends
     retention: Retention | None = None  # prunes old steps' artifacts (flows/runs/retention.py)
+    #: the one-step-off schedule's launched rollout (flows/rollout_ahead.py), None on policy
+    ahead: Any = None
+    #: the launched rollout a resumed checkpoint recorded (``RolloutAhead.state``)
+    restored_ahead: dict[str, Any] | None = None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.sinks.log_metrics(metrics, step)
@@ -101,6 +106,7 @@ class TrainRun:
             "loader": self.loader.state_dict(),
             "kl_ctrl": controller_state(self.kl_ctrl),
             "weights_lineage": self.lineage.state_dict(),
+            "rollout_ahead": None if self.ahead is None else self.ahead.state(),
             "code_files": dict(run_code(PPO_STAGES, plugin_names(self.cfg)).files),
         }
 
@@ -163,6 +169,7 @@ def _open_started(
     run.retention = Retention.open(store, cfg)
     try:
         resume(run, startup)
+        run.ahead = open_rollout_ahead(run, startup)  # one step off: the rollout replica
         store.save_config(cfg)  # only now: a start that failed keeps the run's config.json
         resumed_step = None if run.resumed is None else run.resumed.step
         tags = run_tags(cfg, store.root, resumed_step)
@@ -175,9 +182,19 @@ def _open_started(
             record_run_info(run)
             shown["text"] = describe_sinks(run.sinks, cfg.trainer.project_name)
     except BaseException:
-        close_engines(run.engines)
+        close_run_engines(run)
         raise
     return run
+
+
+def close_run_engines(run: TrainRun) -> None:
+    """The rollout replica (a rollout still running on it is abandoned), then every engine."""
+    ahead, run.ahead = run.ahead, None
+    try:
+        if ahead is not None:
+            ahead.close()
+    finally:
+        close_engines(run.engines)
 
 
 def open_run_ahead(cfg: PPORunConfig, run_dir: str, startup: Startup) -> TrainRun:
@@ -213,7 +230,7 @@ def close_untaken_run(startup: Startup) -> None:
     run = startup.opened[1]
     startup.opened = None
     try:
-        close_engines(run.engines)
+        close_run_engines(run)
     finally:
         try:
             run.sinks.close("FAILED")
@@ -246,6 +263,7 @@ def resume(run: TrainRun, startup: Startup | None = None) -> None:
     run.loader.load_state_dict(state["loader"])
     restore_controller(run.kl_ctrl, state["kl_ctrl"])
     run.lineage.current.update(state["weights_lineage"])
+    run.restored_ahead = state.get("rollout_ahead")
     run.start_step = step + 1
     recorded = checkpoint_run(state)
     origin = recorded["run_dir"] or run.store.root  # an older checkpoint names no run

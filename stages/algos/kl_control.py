@@ -98,23 +98,26 @@ class KLControllerSpec:
     Attributes:
         fn: ``kl_ctrl`` section (object or mapping) → the controller.
         positive: the ``kl_ctrl`` fields it needs > 0 (the config checks them before the run).
+        adapts: β moves after each step with that step's KL (a schedule that draws a step's
+            input before the previous step ends cannot give it the β it would have).
     """
 
     fn: Callable[[Any], KLController]
     positive: tuple[str, ...] = ()
+    adapts: bool = False
 
 
 KL_CONTROLLERS: Registry[KLControllerSpec] = Registry("KL controller type")
 
 
 def register_kl_controller(
-    name: str, *, positive: tuple[str, ...] = ()
+    name: str, *, positive: tuple[str, ...] = (), adapts: bool = False
 ) -> Callable[[Callable[[Any], KLController]], Callable[[Any], KLController]]:
     """Decorator adding ``fn(kl_ctrl) -> KLController`` under ``name`` with the fields it needs
-    > 0; the function is returned unchanged."""
+    > 0 and whether β adapts (:class:`KLControllerSpec`); the function is returned unchanged."""
 
     def add(fn: Callable[[Any], KLController]) -> Callable[[Any], KLController]:
-        KL_CONTROLLERS.add(name, KLControllerSpec(fn=fn, positive=positive))
+        KL_CONTROLLERS.add(name, KLControllerSpec(fn=fn, positive=positive, adapts=adapts))
         return fn
 
     return add
@@ -125,7 +128,7 @@ def _fixed_from_config(kl_ctrl: Any) -> KLController:
     return FixedKLController(kl_coef=read_field(kl_ctrl, "kl_coef"))
 
 
-@register_kl_controller("adaptive", positive=("horizon", "target_kl"))
+@register_kl_controller("adaptive", positive=("horizon", "target_kl"), adapts=True)
 def _adaptive_from_config(kl_ctrl: Any) -> KLController:
     return AdaptiveKLController(
         init_kl_coef=read_field(kl_ctrl, "kl_coef"),

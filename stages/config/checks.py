@@ -21,6 +21,7 @@ from stages.algos.defaults import ROLLOUT_CORRECTION_DEFAULTS
 from stages.algos.kl_control import KL_CONTROLLERS
 from stages.config.checks_dapo import dynamic_sampling_problems, overlong_problems
 from stages.config.checks_lora import lora_problems, lora_warnings
+from stages.config.checks_schedule import schedule_problems
 from stages.config.derived import is_critic_used
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 
@@ -46,6 +47,7 @@ def cross_field_problems(cfg: PPORunConfig) -> list[str]:
         *dynamic_sampling_problems(cfg),
         *overlong_problems(cfg),
         *lora_problems(cfg),
+        *schedule_problems(cfg),
     ]
 
 

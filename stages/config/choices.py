@@ -30,6 +30,7 @@ from stages.algos.policy_loss_config import POLICY_LOSSES
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 from stages.engines.worker_group import WORKER_BACKENDS
 from stages.reward.managers import REWARD_MANAGERS
+from stages.schedules import POLICY_SCHEDULES
 
 
 def check_registered(
@@ -85,6 +86,10 @@ def _worker_backend(name: str) -> str:
     return check_registered(name, WORKER_BACKENDS.names(), "worker backend")
 
 
+def _policy_schedule(name: str) -> str:
+    return check_registered(name, POLICY_SCHEDULES.names(), "policy schedule")
+
+
 #: ``algorithm.adv_estimator``: a name in ``stages.algos.advantages.ADV_ESTIMATORS``
 EstimatorName = Annotated[str, AfterValidator(_estimator)]
 #: ``actor.policy_loss.loss_mode``: a name in ``stages.algos.policy_loss_config.POLICY_LOSSES``
@@ -98,3 +103,5 @@ RolloutBackendName = Annotated[str, AfterValidator(_rollout_backend)]
 WorkerBackendName = Annotated[str, AfterValidator(_worker_backend)]
 #: ``reward.reward_manager.name``: a name in ``stages.reward.managers.REWARD_MANAGERS``
 RewardManagerName = Annotated[str, AfterValidator(_reward_manager)]
+#: ``ppoflow.schedule``: a name in ``stages.schedules.POLICY_SCHEDULES``
+PolicyScheduleName = Annotated[str, AfterValidator(_policy_schedule)]

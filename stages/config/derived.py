@@ -20,6 +20,7 @@ from stages.algos.aggregation import AGG_LOSS_MODES
 from stages.config._base import ConfigModel
 from stages.engines.adapters import adapter_settings
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
+from stages.schedules import POLICY_SCHEDULES
 
 if TYPE_CHECKING:
     from stages.config.root import PPORunConfig
@@ -127,12 +128,12 @@ def fill_inherited(cfg: Run) -> Run:
 
 def _fill_algorithm(cfg: RunSchema) -> ConfigModel:
     """``rollout_correction.bypass_mode`` null: reuse the rollout's log-probs as old_log_probs
-    where they are the actor's own (the rollout backend's registry entry says so)."""
+    where they are the actor's own (the rollout backend's registry entry says so) with the
+    weights that train on them (a schedule of lag 0: ``stages.schedules``)."""
     algorithm = cfg.algorithm
-    correction = _fill(
-        algorithm.rollout_correction,
-        bypass_mode=ROLLOUT_BACKENDS.get(cfg.actor_rollout_ref.rollout.name).log_probs_are_actors,
-    )
+    own = ROLLOUT_BACKENDS.get(cfg.actor_rollout_ref.rollout.name).log_probs_are_actors
+    on_policy = POLICY_SCHEDULES.get(cfg.ppoflow.schedule).lag == 0
+    correction = _fill(algorithm.rollout_correction, bypass_mode=own and on_policy)
     if correction is algorithm.rollout_correction:
         return algorithm
     return algorithm.model_copy(update={"rollout_correction": correction})

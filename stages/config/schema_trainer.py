@@ -8,7 +8,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from stages.config._base import ConfigModel
-from stages.config.choices import WorkerBackendName, check_registered
+from stages.config.choices import PolicyScheduleName, WorkerBackendName, check_registered
 from stages.engines.worker_group import WORKER_BACKENDS
 from stages.metrics.sinks import METRIC_SINKS, missing_package
 
@@ -225,6 +225,13 @@ class PPOFlowConfig(ConfigModel):
     artifacts: ArtifactRetentionConfig = Field(
         default_factory=ArtifactRetentionConfig,
         description="How the steps' stage artifacts are written and kept (section)",
+    )
+    schedule: PolicyScheduleName = Field(
+        "on_policy",
+        description="A name in stages.schedules.POLICY_SCHEDULES: which weights generate a "
+        "step's batch; on_policy: the weights that train on it; one_step_off: the weights one "
+        "update older, on a copy of the policy that generates step k + 1 while step k trains "
+        "(verl's one_step_off_policy recipe) (choice)",
     )
     workers: WorkersConfig = Field(
         default_factory=WorkersConfig, description="Engine rank placement (section)"

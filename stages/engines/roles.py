@@ -181,6 +181,34 @@ def vllm_kv_cache_bytes(rollout: Any, hf_config: Any) -> int:
     return per_token * rollout.max_model_len * rollout.max_num_seqs
 
 
+def call_settings(
+    config: Any,
+    tokenizer: Any,
+    rows: int,
+    validate: bool = False,
+    greedy: bool = False,
+    seed: int | None = None,
+    max_new_tokens: int | None = None,
+) -> SamplingSettings:
+    """The sampling settings of one ``generate_sequences`` call on ``rows`` prompt rows on this
+    rank (:meth:`ActorWorker.generate_sequences` documents the arguments): the ``rollout.*`` /
+    ``val_kwargs.*`` settings, ``max_new_tokens`` as the response length, and ``seed`` offset
+    for this rank as the backend's entry (``row_seeded``) says."""
+    rollout = config.actor_rollout_ref.rollout
+    settings = sampling_settings(config, tokenizer, validate=validate, greedy=greedy)
+    if max_new_tokens is not None:
+        settings = replace(settings, response_length=max_new_tokens)
+    if seed is not None:
+        chunk = chunk_index(_rank(), rollout.tensor_model_parallel_size)
+        seed = (
+            rank_seed(seed, 0) + chunk * rows
+            if ROLLOUT_BACKENDS.get(rollout.name).row_seeded
+            else rank_seed(seed, chunk)
+        )
+        settings = replace(settings, seed=seed)
+    return settings
+
+
 class ActorWorker(_CheckpointMixin):
     """The policy on a DeepSpeed engine: ``compute_log_prob``, ``update_actor``, rollouts (HF
     ``generate`` on the engine's module, or a vLLM engine when ``rollout.name`` is ``vllm``)."""
@@ -304,20 +332,12 @@ class ActorWorker(_CheckpointMixin):
         seed alike (:func:`chunk_index`). ``max_new_tokens``: generate at most that many tokens
         (the output is that wide) instead of ``rollout.response_length``: an agent loop's turn
         gets the rest of its trajectory's budget (``stages.agent.rollout``)."""
-        rollout = self.config.actor_rollout_ref.rollout
-        settings = sampling_settings(self.config, self.tokenizer, validate=validate, greedy=greedy)
-        if max_new_tokens is not None:
-            settings = replace(settings, response_length=max_new_tokens)
-        backend = ROLLOUT_BACKENDS.get(rollout.name)
-        if seed is not None:
-            chunk = chunk_index(_rank(), rollout.tensor_model_parallel_size)
-            seed = (
-                rank_seed(seed, 0) + chunk * len(prompts)
-                if backend.row_seeded
-                else rank_seed(seed, chunk)
-            )
-            settings = replace(settings, seed=seed)
-        return backend.generate(self, prompts, settings)
+        settings = call_settings(
+            self.config, self.tokenizer, len(prompts), validate, greedy, seed, max_new_tokens
+        )
+        return ROLLOUT_BACKENDS.get(self.config.actor_rollout_ref.rollout.name).generate(
+            self, prompts, settings
+        )
 
     def vllm_rollout(self) -> Any:
         """The ``VLLMRollout`` holding the actor's current weights: built on first use from the

@@ -67,6 +67,9 @@ class RolloutBackendSpec:
             quantity the old_log_prob stage recomputes; they differ from a recompute only by
             float rounding (incremental decoding against one full forward), so
             ``algorithm.rollout_correction.bypass_mode`` null reuses them.
+        build_replica: actor worker → a copy of the policy apart from the trainer, for a
+            schedule that generates while the trainer updates (``stages.engines.rollout_replica``);
+            None: the backend has none, and such a schedule refuses it.
     """
 
     generate: GenerateFn
@@ -75,6 +78,7 @@ class RolloutBackendSpec:
     runs_tensor_parallel: bool
     row_seeded: bool
     log_probs_are_actors: bool
+    build_replica: Callable[[Any], Any] | None = None
 
 
 ROLLOUT_BACKENDS: Registry[RolloutBackendSpec] = Registry("rollout backend")
@@ -107,10 +111,23 @@ def _vllm_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
     return out
 
 
+def _hf_replica(worker: Any) -> Any:
+    from stages.engines.rollout_replica import ProcessReplica
+
+    return ProcessReplica(worker)
+
+
+def _vllm_replica(worker: Any) -> Any:
+    from stages.engines.rollout_replica import VLLMReplica
+
+    return VLLMReplica(worker)
+
+
 ROLLOUT_BACKENDS.add(
     "hf",
     RolloutBackendSpec(
         generate=_hf_generate,
+        build_replica=_hf_replica,
         max_tensor_parallel_size=1,
         why_max_tensor_parallel="it generates on the actor rank's own module",
         runs_tensor_parallel=False,
@@ -122,6 +139,7 @@ ROLLOUT_BACKENDS.add(
     "vllm",
     RolloutBackendSpec(
         generate=_vllm_generate,
+        build_replica=_vllm_replica,
         max_tensor_parallel_size=None,
         why_max_tensor_parallel="",
         runs_tensor_parallel=True,  # above 1, one engine spans that many ranks (external_launcher)

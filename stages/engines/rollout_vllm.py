@@ -311,7 +311,8 @@ class VLLMRollout:
         """Shut the engine (and its worker processes) down and release its memory. vLLM's
         process groups go with it, and the shared-memory segments this process created for them
         on CPU (`vllm_shm`); the torch.distributed world goes too only when the engine created
-        it (an engine built in a rank's existing world leaves the world to the rank)."""
+        it (an engine built in a rank's existing world leaves the world to the rank, and an
+        engine core in a process of its own never touched this process's world)."""
         llm = getattr(self, "llm", None)
         if llm is None:
             return
@@ -321,15 +322,16 @@ class VLLMRollout:
             destroy_model_parallel,
         )
 
-        if self._joined_world:
+        in_world = self._joined_world and self.in_process
+        if in_world:
             _shut_down_in_world(llm)
         else:
             llm.llm_engine.engine_core.shutdown()
         del self.llm, llm
         gc.collect()
-        if self._joined_world:
+        if in_world:
             destroy_model_parallel()
-        else:
+        elif not self._joined_world:
             cleanup_dist_env_and_memory()
         remove_segments(segments)
 

@@ -97,6 +97,7 @@ _RS_TOKENS_OR_ROWS = (
 
 _SIGNAL = "train flow, from the training batch (stages/metrics/signal.py)"
 _ROUNDS = "train flow's generation rounds (flows/gen_rounds.py)"
+_AHEAD = "train flow's one-step-off schedule (flows/rollout_ahead.py)"
 _ENTRIES = [
     # --- compute_data_metrics ---
     (
@@ -162,6 +163,24 @@ _ENTRIES = [
         _DATA,
     ),
     # --- timing and throughput ---
+    (
+        "timing_s/rollout_wait",
+        "One step off (ppoflow.schedule): seconds the step waited for its batch's rollout, launched during the previous step (in a run's first step: the whole rollout); 0 when it finished while the previous step trained.",
+        "none (a duration)",
+        _AHEAD,
+    ),
+    (
+        "timing_s/param_sync",
+        "One step off: seconds spent copying the actor's weights into the rollout replica before launching the next step's rollout (0 when it holds them already). verl's name.",
+        "none (a duration)",
+        _AHEAD,
+    ),
+    (
+        "lineage/staleness/{stat}",
+        "Updates between the weights that generated a sample and the weights that train on it: step − 1 − policy_version of each row (0 on policy; 1 one step off, 0 in step 1).",
+        "rows of the step batch",
+        "train flow, from the step input's policy_version column (stages/schedules.py)",
+    ),
     (
         "timing_s/{stage}",
         "Wall-clock seconds spent in the stage this step; repeated timers of one name accumulate. timing_s/step spans generation through the update.",
@@ -717,7 +736,9 @@ STEP_METRICS = {
         "signal/zero_adv_sample_frac",
         "signal/response_samples",
         "train/num_gen_batches",
+        "lineage/staleness/{stat}",
     ),
+    "rollout_apart": ("timing_s/rollout_wait", "timing_s/param_sync"),
     "filter_groups": (
         "training/filter_groups/generated_samples",
         "training/filter_groups/evicted_samples",
@@ -805,6 +826,7 @@ def step_metric_names(
     rollout_correction: bool = False,
     rollout_is: bool = False,
     filter_groups: bool = False,
+    rollout_apart: bool = False,
 ) -> list[str]:
     """The names a PPO step with these settings logs every step (:data:`STEP_METRICS`).
 
@@ -817,7 +839,8 @@ def step_metric_names(
     measures it); ``rollout_correction`` is the same
     condition for the rollout_correction stage's mismatch metrics, and ``rollout_is`` adds the
     rollout_is stage's weight metrics (decoupled mode with ``rollout_is``); ``filter_groups``
-    adds dynamic sampling's counts (``algorithm.filter_groups.enable``). Multi-turn and
+    adds dynamic sampling's counts (``algorithm.filter_groups.enable``), ``rollout_apart`` the
+    one-step-off schedule's timings (``stages.schedules``, ``rollout_apart``). Multi-turn and
     tool-call statistics, validation and MFU metrics are not every-step metrics and are not listed.
 
     Example:
@@ -840,6 +863,7 @@ def step_metric_names(
         "rollout_correction": rollout_correction,
         "rollout_is": rollout_is,
         "filter_groups": filter_groups,
+        "rollout_apart": rollout_apart,
     }
     return [
         name

@@ -1,0 +1,238 @@
+"""A copy of the policy apart from the trainer: the rollout engine of a schedule that generates
+while the trainer updates (``stages.schedules``, ``rollout_apart``).
+
+A replica holds the weights of the last :meth:`sync` and nothing else changes them, so a batch
+it generates while the actor updates is the batch those weights generate. It is called like a
+worker group (``call("generate_sequences", prompts, **kwargs)``, the actor worker's keyword
+arguments, sampling settings from :func:`~stages.engines.roles.call_settings`), so the rollout
+stage runs on it unchanged, given it as its ``actor`` engine.
+
+Each rollout backend's registry entry builds its own (``RolloutBackendSpec.build_replica``):
+
+- ``hf``: :class:`ProcessReplica`, HF ``generate`` on a model in a process of its own (spawned,
+  so its torch RNG is its own: the main process's draws cannot move its sampling, and the other
+  way round). Its parameters are views of shared-memory buffers the trainer fills at each sync
+  (one copy per parameter, no pickling of weights); prompts and responses go through a pipe.
+  The process ends when its pipe's other end closes: with the trainer, however that ends.
+- ``vllm``: :class:`VLLMReplica`, a vLLM engine whose core runs in a process of its own
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), sent the weights as vLLM's own sync does.
+
+Replicas are built on the driver's local backend (world size 1); ZeRO-3 and LoRA weights arrive
+gathered and merged (``ActorWorker.named_weights``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+
+from dataproto import DataProto
+from stages.engines.rollout_backends import ROLLOUT_METHODS
+
+
+def _check_method(method: str) -> None:
+    if method not in ROLLOUT_METHODS:
+        raise ValueError(
+            f"a rollout replica runs only {ROLLOUT_METHODS}; {method!r} runs on the actor"
+        )
+
+
+def _as_tensors(batch: DataProto) -> dict[str, Tensor]:
+    return {name: batch.batch[name] for name in batch.batch.keys()}  # noqa: SIM118
+
+
+def _as_batch(tensors: dict[str, Tensor]) -> DataProto:
+    rows = len(next(iter(tensors.values())))
+    return DataProto(
+        batch=TensorDict(tensors, batch_size=[rows]), non_tensor_batch={}, meta_info={}
+    )
+
+
+class ProcessReplica:
+    """The ``hf`` backend's replica (module docstring). ``worker``: the actor worker (its config,
+    tokenizer and model settings); the process starts here and loads the model directory."""
+
+    world_size = 1
+
+    def __init__(self, worker: Any) -> None:
+        self.config, self.tokenizer = worker.config, worker.tokenizer
+        model = self.config.actor_rollout_ref.model
+        spec = {
+            "path": model.path,
+            "dtype": model.dtype,
+            "attn_implementation": model.attn_implementation,
+            "trust_remote_code": model.trust_remote_code,
+        }
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(
+            target=serve_replica,
+            args=(child, spec, torch.get_num_threads()),
+            name="ppoflow-rollout-replica",
+            daemon=True,
+        )
+        self._process.start()
+        child.close()
+        self._buffers: dict[str, Tensor] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def sync(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Copy ``weights`` (name, full tensor) into the replica; the first sync hands it the
+        shared buffers, later ones fill them. Call it only while no generation runs."""
+        if self._buffers is None:
+            self._buffers = {
+                name: tensor.detach().clone().share_memory_() for name, tensor in weights
+            }
+            self._ask(("weights", self._buffers))
+            return
+        with torch.no_grad():
+            for name, tensor in weights:
+                self._buffers[name].copy_(tensor)
+
+    def call(self, method: str, batch: DataProto, **kwargs: Any) -> DataProto:
+        """``generate_sequences(batch, **kwargs)`` on the replica's weights (the actor worker's
+        arguments); the rollout layout of ``stages.engines.rollout_hf``."""
+        from stages.engines.roles import call_settings
+
+        _check_method(method)
+        if self._buffers is None:
+            raise RuntimeError("the rollout replica has no weights yet: sync it first")
+        settings = call_settings(self.config, self.tokenizer, len(batch), **kwargs)
+        return _as_batch(self._ask(("generate", (_as_tensors(batch), settings))))
+
+    def _ask(self, message: tuple) -> Any:
+        try:
+            self._conn.send(message)
+            status, value = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            raise RuntimeError(
+                f"the rollout replica's process ({self._process.pid}) ended "
+                f"(exit code {self._process.exitcode}); the run stops here and resumes from its "
+                "last checkpoint"
+            ) from None
+        if status == "error":
+            raise RuntimeError(f"the rollout replica failed:\n{value}")
+        return value
+
+    def kill(self) -> None:
+        """End the process now (a generation it runs is abandoned)."""
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+
+    def close(self) -> None:
+        """End the process (it ends by itself when this one does)."""
+        if self._process.is_alive():
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self._conn.send(("close", None))
+            self._process.join(timeout=10)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+        self._conn.close()
+
+
+def serve_replica(conn: Any, spec: dict[str, Any], threads: int) -> None:
+    """The replica process: load the model, then answer each message ``(kind, body)`` —
+    ``weights`` (name → shared buffer), ``generate`` ((prompt tensors, settings)), ``close`` —
+    with ``("ok", answer)`` or ``("error", traceback)``, until the pipe closes."""
+    torch.set_num_threads(threads)
+    from transformers.utils import logging as hf_logging
+
+    from stages.engines.models import load_causal_lm
+    from stages.engines.rollout_hf import generate_sequences
+
+    hf_logging.disable_progress_bar()  # the trainer's console shows its own lines only
+    lm = load_causal_lm(**spec).eval()
+    params = dict(lm.named_parameters())
+    while True:
+        try:
+            kind, body = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            if kind == "close":
+                return
+            if kind == "weights":
+                missing = sorted(set(params) - set(body))
+                if missing:
+                    raise KeyError(f"the sync lacks parameters {missing[:5]}")
+                for name, buffer in body.items():
+                    params[name].data = buffer
+                answer = None
+            else:
+                tensors, settings = body
+                answer = _as_tensors(generate_sequences(lm, _as_batch(tensors), settings))
+            conn.send(("ok", answer))
+        except Exception:
+            try:
+                conn.send(("error", traceback.format_exc()))
+            except (BrokenPipeError, OSError):
+                return
+
+
+class VLLMReplica:
+    """The ``vllm`` backend's replica (module docstring): a ``VLLMRollout`` whose engine core
+    runs in a process of its own."""
+
+    world_size = 1
+
+    def __init__(self, worker: Any) -> None:
+        from stages.engines.roles import vllm_kv_cache_bytes
+        from stages.engines.rollout_vllm import VLLMRollout
+
+        self.config, self.tokenizer = worker.config, worker.tokenizer
+        rollout = self.config.actor_rollout_ref.rollout
+        on_cpu = not torch.cuda.is_available()
+        self.vllm = VLLMRollout(
+            self.config.actor_rollout_ref.model.path,
+            dtype=rollout.dtype,
+            max_model_len=rollout.max_model_len,
+            tensor_parallel_size=1,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            kv_cache_memory_bytes=vllm_kv_cache_bytes(rollout, worker.lm.config)
+            if on_cpu
+            else None,
+            enforce_eager=rollout.enforce_eager,
+            seed=rollout.seed,
+            in_process=False,
+            engine_kwargs={
+                "max_num_seqs": rollout.max_num_seqs,
+                "max_num_batched_tokens": rollout.max_num_batched_tokens,
+            },
+        )
+
+    def sync(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        self.vllm.sync_weights(weights)
+
+    def call(self, method: str, batch: DataProto, **kwargs: Any) -> DataProto:
+        from stages.engines.roles import call_settings
+
+        _check_method(method)
+        settings = call_settings(self.config, self.tokenizer, len(batch), **kwargs)
+        return self.vllm.generate_sequences(batch, settings)
+
+    def kill(self) -> None:
+        """vLLM's engine core stops with its client; a generation it runs is abandoned."""
+        self.close()
+
+    def close(self) -> None:
+        self.vllm.close()
+
+
+def build_replica(worker: Any) -> Any:
+    """The replica the actor's rollout backend builds (``RolloutBackendSpec.build_replica``)."""
+    from stages.engines.rollout_backends import ROLLOUT_BACKENDS
+
+    name = worker.config.actor_rollout_ref.rollout.name
+    return ROLLOUT_BACKENDS.get(name).build_replica(worker)

@@ -1,0 +1,105 @@
+"""The hf rollout replica (stages/engines/rollout_replica.py): HF generate in a process of its own
+samples what the actor samples with the same weights and seed, holds the weights of its last
+sync while the actor's change, and ends when the trainer's end of its pipe closes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from dataproto import DataProto
+from stages.config import load_config
+from stages.data.tiny_model import make_tiny_model
+from stages.engines.roles import ActorWorker
+from stages.engines.rollout_replica import ProcessReplica, build_replica
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def actor(tmp_path_factory):
+    model_dir = make_tiny_model(tmp_path_factory.mktemp("model"))
+    config = load_config(
+        REPO / "configs" / "demo-cpu.yaml",
+        [
+            f"actor_rollout_ref.model.path={model_dir}",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "data.max_response_length=6",
+            "ppoflow.schedule=one_step_off",
+        ],
+    )
+    return ActorWorker(config, total_training_steps=3)
+
+
+@pytest.fixture(scope="module")
+def replica(actor):
+    made = build_replica(actor)
+    yield made
+    made.close()
+
+
+def prompts(worker: ActorWorker, n: int = 3) -> DataProto:
+    encoded = worker.tokenizer(["abc", "hello"], return_tensors="pt", padding=True)
+    ids = encoded["input_ids"].repeat_interleave(n, 0)
+    mask = encoded["attention_mask"].repeat_interleave(n, 0)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    tensors = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+    return DataProto(batch=TensorDict(tensors, batch_size=[len(ids)]), non_tensor_batch={})
+
+
+def test_the_hf_backend_builds_a_process_replica(replica) -> None:
+    assert isinstance(replica, ProcessReplica) and replica.pid is not None
+
+
+def test_it_samples_what_the_actor_samples_with_the_same_weights_and_seed(actor, replica) -> None:
+    replica.sync(actor.named_weights())
+    batch = prompts(actor)
+    got = replica.call("generate_sequences", batch, seed=11)
+    want = actor.generate_sequences(batch, seed=11)
+    for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        assert torch.equal(got.batch[key], want.batch[key]), key
+    torch.testing.assert_close(got.batch["rollout_log_probs"], want.batch["rollout_log_probs"])
+    greedy = replica.call("generate_sequences", batch, validate=True)
+    assert torch.equal(
+        greedy.batch["responses"], actor.generate_sequences(batch, validate=True).batch["responses"]
+    )
+
+
+def test_it_keeps_the_weights_of_its_last_sync(actor, replica) -> None:
+    replica.sync(actor.named_weights())
+    batch = prompts(actor)
+    before = replica.call("generate_sequences", batch, seed=3).batch["responses"]
+    saved = {name: p.detach().clone() for name, p in actor.lm.named_parameters()}
+    try:
+        with torch.no_grad():
+            for p in actor.lm.parameters():
+                p.add_(torch.randn_like(p))
+        assert torch.equal(
+            replica.call("generate_sequences", batch, seed=3).batch["responses"], before
+        )
+        replica.sync(actor.named_weights())
+        after = replica.call("generate_sequences", batch, seed=3).batch["responses"]
+        assert torch.equal(after, actor.generate_sequences(batch, seed=3).batch["responses"])
+    finally:
+        with torch.no_grad():
+            for name, p in actor.lm.named_parameters():
+                p.copy_(saved[name])
+
+
+def test_it_refuses_what_is_not_a_rollout(actor, replica) -> None:
+    with pytest.raises(ValueError, match="'compute_log_prob' runs on the actor"):
+        replica.call("compute_log_prob", prompts(actor))
+
+
+def test_before_its_first_sync_it_refuses_and_it_ends_with_the_trainers_pipe(actor) -> None:
+    replica = ProcessReplica(actor)
+    with pytest.raises(RuntimeError, match="has no weights yet: sync it first"):
+        replica.call("generate_sequences", prompts(actor))
+    replica._conn.close()  # as when the trainer's process dies: the child's recv sees EOF
+    replica._process.join(timeout=120)
+    assert replica._process.exitcode == 0
