@@ -19,6 +19,7 @@ from flows.runs.samples import (
     column_values,
 )
 from stages.agent.trajectory import AGENT_STOP_REASON
+from stages.schedules import POLICY_VERSION, staleness
 
 # --- text --------------------------------------------------------------------------------------
 
@@ -84,7 +85,24 @@ def _turn_lines(sample: Sample, decoder: Decoder) -> list[str]:
     return lines
 
 
-def _sample_lines(sample: Sample, n: int, total: int, decoder: Decoder) -> list[str]:
+def lineage(sample: Sample, step: int) -> tuple[int | None, int | None]:
+    """(policy version, staleness) of a sample trained at ``step``: the version of the weights
+    that generated it (the step input's ``policy_version``) and ``step − 1 − version``
+    (``stages.schedules``); (None, None) for a run older than the column."""
+    version = sample.columns.get(POLICY_VERSION)
+    if version is None:
+        return None, None
+    return int(version), staleness(step, int(version))
+
+
+def _lineage_text(sample: Sample, step: int) -> str:
+    version, age = lineage(sample, step)
+    if version is None:
+        return "-"
+    return f"version {version}, trained at step {step}: staleness {age}"
+
+
+def _sample_lines(sample: Sample, n: int, total: int, decoder: Decoder, step: int) -> list[str]:
     extras = "  ".join(
         f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
         for name, value in sample.extras.items()
@@ -95,6 +113,7 @@ def _sample_lines(sample: Sample, n: int, total: int, decoder: Decoder) -> list[
         ("score", _number(sample.score)),
         ("advantage", _number(sample.advantage)),
         ("extras", extras or "-"),
+        ("policy", _lineage_text(sample, step)),
     ]
     lines = ["", f"sample {n}/{total}  row {sample.row}  batch row {sample.batch_row}"]
     lines += [f"  {name:<11}  {value}" for name, value in fields]
@@ -140,7 +159,7 @@ def samples_text(
         for key, _ in where:
             lines.append(f"{key} values: {', '.join(column_values(found, key))}")
     for n, sample in enumerate(shown, 1):
-        lines += _sample_lines(sample, n, len(shown), decoder)
+        lines += _sample_lines(sample, n, len(shown), decoder, found.step)
     return "\n".join(lines)
 
 
@@ -158,8 +177,9 @@ def _turn_json(sample: Sample, turn: dict[str, Any], decoder: Decoder) -> dict[s
     }
 
 
-def sample_json(sample: Sample, decoder: Decoder) -> dict[str, Any]:
-    """One sample as JSON data (texts None without a tokenizer; ids always)."""
+def sample_json(sample: Sample, decoder: Decoder, step: int) -> dict[str, Any]:
+    """One sample of step ``step`` as JSON data (texts None without a tokenizer; ids always)."""
+    version, age = lineage(sample, step)
     turns = None
     if sample.turns is not None:
         turns = [_turn_json(sample, turn, decoder) for turn in sample.turns]
@@ -171,6 +191,8 @@ def sample_json(sample: Sample, decoder: Decoder) -> dict[str, Any]:
         "score": sample.score,
         "advantage": sample.advantage,
         "extras": sample.extras,
+        "policy_version": version,
+        "staleness": age,
         "prompt": decoder.text(sample.prompt_ids),
         "prompt_ids": sample.prompt_ids,
         "response": decoder.text(sample.response_ids),
@@ -203,7 +225,7 @@ def samples_json(
             "advantage": ADVANTAGE_RULE,
             "tokenizer": decoder.path if decoder.tokenizer is not None else None,
             "note": decoder.note,
-            "samples": [sample_json(sample, decoder) for sample in shown],
+            "samples": [sample_json(sample, decoder, found.step) for sample in shown],
         },
         "samples",
     )
