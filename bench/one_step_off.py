@@ -27,6 +27,10 @@ per-pair ratios off ÷ on.
 validation every ``--test-freq`` steps; the validation score per trained sample, the mean and
 the spread (max − min) over the seeds, per schedule.
 
+Both sides run ``algorithm.rollout_correction.bypass_mode=--bypass`` (default true: the old
+log-probs are the rollout's, no recompute pass, one step off's default and on-policy ``hf``'s),
+so the work per step is the same and only the schedule differs.
+
 The load average is printed at the start and the end. Record the figures in bench/README.md.
 """
 
@@ -47,6 +51,7 @@ PPOFLOW = Path(sys.executable).with_name("ppoflow")
 N = 4  # rollout.n of demo-cpu.yaml
 SCHEDULES = ("on_policy", "one_step_off")
 VALIDATION = re.compile(r"validation @ step (\d+): score (-?[0-9.]+)")
+BYPASS = ["true"]  # --bypass
 
 
 def ppoflow(*args: str, env: dict[str, str]) -> str:
@@ -69,6 +74,7 @@ def train(root: Path, name: str, schedule: str, extra: list[str], env) -> tuple[
         f"data.val_files=[{root}/data/val.parquet]",
         f"actor_rollout_ref.model.path={root}/model",
         f"ppoflow.schedule={schedule}", "trainer.save_freq=-1", "trainer.logger=[console]",
+        f"algorithm.rollout_correction.bypass_mode={BYPASS[0]}",
         f"trainer.default_local_dir={root}/{name}-checkpoints",
         f"ppoflow.artifact_dir={root}/store", *extra, "--run-dir", str(run_dir),
         env=env,
@@ -108,7 +114,9 @@ def shape_overrides(shape: str, backend: str, steps: int) -> tuple[list[str], in
 
 
 def bench_throughput(root: Path, args, env) -> None:
-    print(f"backend {args.backend}; {args.steps} steps per run (step 1 not timed); {args.pairs} pairs")
+    print(
+        f"backend {args.backend}; {args.steps} steps per run (step 1 not timed); {args.pairs} pairs"
+    )
     header = (
         f"{'shape':>8} {'schedule':>13} {'samples/s':>10} {'step s':>7} {'gen s':>6} "
         f"{'trainer idle':>13} {'rollout idle':>13} {'off/on':>7}"
@@ -184,7 +192,9 @@ def main() -> None:
     parser.add_argument("--curve", action="store_true", help="learning per sample instead")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--test-freq", type=int, default=10)
+    parser.add_argument("--bypass", choices=("true", "false"), default="true")
     args = parser.parse_args()
+    BYPASS[0] = args.bypass
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     print(f"load average at start: {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="one-step-off-") as tmp:

@@ -7,9 +7,10 @@ produces: ``old_log_probs`` (B, R) float32.
 - Bypass mode (``algorithm.rollout_correction.bypass_mode``): ``old_log_probs`` is a copy of
   ``rollout_log_probs`` (no model call; the actor's update measures ``actor/entropy``
   instead). Null, ppoflow's default, is
-  filled in at config load from the rollout backend's registry entry: true for ``hf``, whose
-  log-probs come from the actor's own module before the step's update (the same quantity, up to
-  float rounding), false for ``vllm`` (its own kernels).
+  filled in at config load: true with ``ppoflow.schedule=one_step_off`` (verl's recipe sets it),
+  else from the rollout backend's registry entry: true for ``hf``, whose log-probs come from the
+  actor's own module before the step's update (the same quantity, up to float rounding), false
+  for ``vllm`` (its own kernels).
 - Otherwise the actor recomputes them at the rollout temperature, with per-token entropy, and the
   stage reports ``actor/entropy`` = agg_loss(entropys, response_mask, actor.loss_agg_mode,
   loss_scale_factor) over the whole batch (dp 1, local denominators), as verl does. The entropys

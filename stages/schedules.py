@@ -50,11 +50,14 @@ class PolicyScheduleSpec:
             (``stages.engines.rollout_replica``), synced from the actor before each launch, so
             the rollout of step k + 1 runs while step k trains.
         verl_name: what verl calls it (its recipe or trainer), for the docs.
+        bypass_default: ``algorithm.rollout_correction.bypass_mode``'s value when the config
+            leaves it null; None: the rollout backend decides (``log_probs_are_actors``).
     """
 
     lag: int
     rollout_apart: bool
     verl_name: str
+    bypass_default: bool | None = None
 
 
 POLICY_SCHEDULES: Registry[PolicyScheduleSpec] = Registry("policy schedule")
@@ -64,7 +67,10 @@ POLICY_SCHEDULES.add(
 POLICY_SCHEDULES.add(
     "one_step_off",
     PolicyScheduleSpec(
-        lag=1, rollout_apart=True, verl_name="verl.experimental.one_step_off_policy"
+        lag=1,
+        rollout_apart=True,
+        verl_name="verl.experimental.one_step_off_policy",
+        bypass_default=True,  # verl's one_step_off_ppo_trainer.yaml sets bypass_mode: True
     ),
 )
 

@@ -127,13 +127,15 @@ def fill_inherited(cfg: Run) -> Run:
 
 
 def _fill_algorithm(cfg: RunSchema) -> ConfigModel:
-    """``rollout_correction.bypass_mode`` null: reuse the rollout's log-probs as old_log_probs
-    where they are the actor's own (the rollout backend's registry entry says so) with the
-    weights that train on them (a schedule of lag 0: ``stages.schedules``)."""
+    """``rollout_correction.bypass_mode`` null: the schedule's default where its registry entry
+    has one (one step off: true, as verl's recipe sets it; ``stages.schedules``), else reuse the
+    rollout's log-probs as old_log_probs where they are the actor's own (the rollout backend's
+    registry entry says so)."""
     algorithm = cfg.algorithm
-    own = ROLLOUT_BACKENDS.get(cfg.actor_rollout_ref.rollout.name).log_probs_are_actors
-    on_policy = POLICY_SCHEDULES.get(cfg.ppoflow.schedule).lag == 0
-    correction = _fill(algorithm.rollout_correction, bypass_mode=own and on_policy)
+    bypass = POLICY_SCHEDULES.get(cfg.ppoflow.schedule).bypass_default
+    if bypass is None:
+        bypass = ROLLOUT_BACKENDS.get(cfg.actor_rollout_ref.rollout.name).log_probs_are_actors
+    correction = _fill(algorithm.rollout_correction, bypass_mode=bypass)
     if correction is algorithm.rollout_correction:
         return algorithm
     return algorithm.model_copy(update={"rollout_correction": correction})

@@ -111,7 +111,7 @@ class RolloutCorrectionConfig(ConfigModel):
     )
     bypass_mode: bool | None = Field(
         ROLLOUT_CORRECTION_DEFAULTS["bypass_mode"],
-        description="Use rollout_log_probs as old_log_probs instead of recomputing them (every rollout returns them), the correction then computed in the loss from the current policy; null = true where the rollout backend's log-probs are the actor's own before the step's update (hf), false otherwise (vllm) [ppoflow: verl's default is false] (bool)",
+        description="Use rollout_log_probs as old_log_probs instead of recomputing them (every rollout returns them), the correction then computed in the loss from the current policy; null = true with ppoflow.schedule=one_step_off (as verl's one-step-off recipe sets it), else true where the rollout backend's log-probs are the actor's own before the step's update (hf), false otherwise (vllm) [ppoflow: verl's default is false] (bool)",
     )
     loss_type: BypassLossType = Field(
         ROLLOUT_CORRECTION_DEFAULTS["loss_type"],

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from dataproto import keys as K
 from dataproto.artifact import load_artifact
 from flows.runs.store import RunStore
 from flows.train import train
@@ -122,12 +123,17 @@ def test_staleness_and_the_schedules_timings_are_step_metrics(two_runs) -> None:
         assert metrics["timing_s/step"] >= metrics["timing_s/rollout_wait"]
 
 
-def test_the_old_log_probs_are_recomputed_one_step_off(two_runs) -> None:
-    """The rollout's log-probs are θ_{k−2}'s, not the trainer's: bypass_mode's default is off."""
+def test_the_rollouts_log_probs_anchor_the_ratio_as_in_verls_recipe(two_runs) -> None:
+    """bypass_mode's default one step off is verl's recipe's: old_log_probs are the rollout's
+    (θ_{k−2}'s), copied, no forward pass of the trainer."""
     (result, _), _ = two_runs
-    journal = RunStore(result.run_dir).read_journal(3)
-    assert journal.record("old_log_prob").status == "ran"
-    assert result.history[-1]["rollout_corr/kl"] != 0.0
+    store = RunStore(result.run_dir)
+    for step in (2, 3):
+        rollout = load_artifact(store.artifact_path(step, "rollout"))
+        old = load_artifact(store.artifact_path(step, "old_log_prob"))
+        order = load_artifact(store.artifact_path(step, "balance")).batch[K.BALANCE_ORDER]
+        assert torch.equal(old.batch["old_log_probs"], rollout.batch["rollout_log_probs"][order])
+    assert "actor/entropy" in result.history[-1]  # measured by the update instead
 
 
 def test_inspect_shows_each_samples_policy_version_and_staleness(two_runs) -> None:

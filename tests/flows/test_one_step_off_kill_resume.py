@@ -2,8 +2,9 @@
 the uninterrupted run.
 
 The run: configs/demo-cpu.yaml at the tiny size (tests/conftest.py: 4 prompts × n 2 per step, 8
-response tokens) with ``ppoflow.schedule=one_step_off``, 4 steps, a checkpoint after steps 2
-and 4. The checkpoint after step 2 waits for step 3's rollout (launched during step 2) and
+response tokens) with ``ppoflow.schedule=one_step_off`` and ``bypass_mode=false`` (the old
+log-probs recomputed by the trainer: tests/flows/test_one_step_off.py runs the default, bypass),
+4 steps, a checkpoint after steps 2 and 4. The checkpoint after step 2 waits for step 3's rollout (launched during step 2) and
 records it (flows/rollout_ahead.py).
 
 One uninterrupted ``ppoflow train`` (the baseline) first; then, for each kill point, a second
@@ -84,6 +85,7 @@ class Runs:
             home,
             STEPS,
             "ppoflow.schedule=one_step_off",
+            "algorithm.rollout_correction.bypass_mode=false",  # the recompute path (decoupled)
             f"trainer.save_freq={SAVE_FREQ}",
             "trainer.test_freq=-1",
             "trainer.val_before_train=false",
