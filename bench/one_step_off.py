@@ -51,7 +51,6 @@ PPOFLOW = Path(sys.executable).with_name("ppoflow")
 N = 4  # rollout.n of demo-cpu.yaml
 SCHEDULES = ("on_policy", "one_step_off")
 VALIDATION = re.compile(r"validation @ step (\d+): score (-?[0-9.]+)")
-BYPASS = ["true"]  # --bypass
 
 
 def ppoflow(*args: str, env: dict[str, str]) -> str:
@@ -74,7 +73,6 @@ def train(root: Path, name: str, schedule: str, extra: list[str], env) -> tuple[
         f"data.val_files=[{root}/data/val.parquet]",
         f"actor_rollout_ref.model.path={root}/model",
         f"ppoflow.schedule={schedule}", "trainer.save_freq=-1", "trainer.logger=[console]",
-        f"algorithm.rollout_correction.bypass_mode={BYPASS[0]}",
         f"trainer.default_local_dir={root}/{name}-checkpoints",
         f"ppoflow.artifact_dir={root}/store", *extra, "--run-dir", str(run_dir),
         env=env,
@@ -99,15 +97,16 @@ def throughput(steps: list[dict], schedule: str, rows: int) -> dict[str, float]:
     }
 
 
-def shape_overrides(shape: str, backend: str, steps: int) -> tuple[list[str], int]:
+def shape_overrides(shape: str, args) -> tuple[list[str], int]:
     prompts, tokens = (int(part) for part in shape.split("x"))
     return [
+        f"algorithm.rollout_correction.bypass_mode={args.bypass}",
         f"data.train_batch_size={prompts}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={min(16, prompts * N)}",
         f"data.max_response_length={tokens}",
-        f"actor_rollout_ref.rollout.name={backend}",
-        f"trainer.total_training_steps={steps}",
+        f"actor_rollout_ref.rollout.name={args.backend}",
+        f"trainer.total_training_steps={args.steps}",
         "trainer.test_freq=-1",
         "trainer.val_before_train=false",
     ], prompts * N
@@ -123,7 +122,7 @@ def bench_throughput(root: Path, args, env) -> None:
     )
     print(header)
     for shape in args.shapes.split(","):
-        extra, rows = shape_overrides(shape, args.backend, args.steps)
+        extra, rows = shape_overrides(shape, args)
         results: dict[str, list[dict]] = {name: [] for name in SCHEDULES}
         for pair in range(args.pairs):
             for schedule in SCHEDULES:
@@ -164,6 +163,7 @@ def bench_curve(root: Path, args, env) -> None:
                 schedule,
                 [
                     f"trainer.seed={seed}",
+                    f"algorithm.rollout_correction.bypass_mode={args.bypass}",
                     f"trainer.total_training_steps={args.steps}",
                     f"trainer.test_freq={args.test_freq}",
                     f"actor_rollout_ref.rollout.name={args.backend}",
@@ -194,7 +194,6 @@ def main() -> None:
     parser.add_argument("--test-freq", type=int, default=10)
     parser.add_argument("--bypass", choices=("true", "false"), default="true")
     args = parser.parse_args()
-    BYPASS[0] = args.bypass
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     print(f"load average at start: {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="one-step-off-") as tmp:
