@@ -100,8 +100,8 @@ class RolloutAhead:
     """The one-step-off schedule of a training run (module docstring).
 
     Args:
-        run: the training run (``flows.train_run.TrainRun``); its actor engine is this
-            process's worker (the local backend).
+        run: the training run (``flows.train_run.TrainRun``); its actor engine's rank 0 gives
+            the weights (``ActorWorker.full_weights``) on any worker backend.
         next_input: step → the step's input batch (draws the loader's next prompts).
         refresh: whether the rollout recomputes on a cache hit (``ppoflow.cache`` false).
         restored: :meth:`state` as a checkpoint saved it, or None.
@@ -115,8 +115,7 @@ class RolloutAhead:
         restored: dict[str, Any] | None = None,
     ) -> None:
         self.run, self.next_input, self.refresh = run, next_input, refresh
-        self.actor = run.engines["actor"].worker
-        self.replica = build_replica(self.actor)
+        self.replica = build_replica(run.cfg, run.tokenizer)
         self.replica_weights: str | None = None  # the lineage fingerprint of what it holds
         self.pending: Launch | None = None
         self.restored = restored
@@ -177,7 +176,8 @@ class RolloutAhead:
     def _sync(self) -> None:
         weights = self.run.lineage.current["actor"]
         if weights != self.replica_weights:
-            self.replica.sync(self.actor.named_weights())
+            full = self.run.engines["actor"].call_all("full_weights")[0]  # rank 0's
+            self.replica.sync(full.items())
             self.replica_weights = weights
 
     def _launch(self, step: int) -> Launch:

@@ -4,8 +4,7 @@ A schedule whose rollout runs apart from the trainer (``one_step_off``) draws st
 and generates it while step k trains. What cannot be given that input yet is refused, each with
 one message naming the key: a KL coefficient that adapts after step k, dynamic sampling's extra
 generation rounds, ReMax's greedy baseline (a second rollout on the trainer's weights), the agent
-loop, a rollout backend without a replica, and ranks outside this process (not implemented
-for it yet).
+loop (not implemented for it yet), and a rollout backend without a replica.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from typing import TYPE_CHECKING
 from stages.algos.advantages import ADV_ESTIMATORS
 from stages.algos.kl_control import KL_CONTROLLERS
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
-from stages.engines.worker_group import WORKER_BACKENDS
 from stages.schedules import POLICY_SCHEDULES
 
 if TYPE_CHECKING:
@@ -57,11 +55,5 @@ def schedule_problems(cfg: PPORunConfig) -> list[str]:
         problems.append(
             f"{head} with actor_rollout_ref.rollout.name = {rollout.name!r}: that backend "
             "builds no rollout replica; use 'hf' or 'vllm'"
-        )
-    backend = cfg.ppoflow.workers.backend
-    if not WORKER_BACKENDS.get(backend).ranks_in_driver:
-        problems.append(
-            f"{head} with ppoflow.workers.backend = {backend!r}: not implemented yet (the "
-            "local backend runs it); set ppoflow.workers.backend = 'local'"
         )
     return problems

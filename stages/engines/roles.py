@@ -380,6 +380,15 @@ class ActorWorker(_CheckpointMixin):
             self.vllm.close()
             self.vllm = None
 
+    def full_weights(self) -> dict[str, Tensor] | None:
+        """Every HF parameter's full tensor (:meth:`named_weights`: gathered under ZeRO-3,
+        merged with LoRA) on rank 0, None on the other ranks, which take part in the gathers;
+        for a rollout replica apart from the ranks (``stages.engines.rollout_replica``). In this
+        process the tensors are the parameters themselves where no gather or merge made new
+        ones (the caller copies them)."""
+        weights = {name: tensor.detach().cpu() for name, tensor in self.named_weights()}
+        return weights if _rank() == 0 else None
+
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
         """(name, full tensor) of every HF parameter, lazily, for syncing an external rollout
         engine. Under ZeRO-3 each parameter is gathered alone and copied out of the gather before

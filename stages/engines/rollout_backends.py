@@ -67,7 +67,7 @@ class RolloutBackendSpec:
             quantity the old_log_prob stage recomputes; they differ from a recompute only by
             float rounding (incremental decoding against one full forward), so
             ``algorithm.rollout_correction.bypass_mode`` null reuses them.
-        build_replica: actor worker → a copy of the policy apart from the trainer, for a
+        build_replica: (run config, tokenizer) → a copy of the policy apart from the trainer, for a
             schedule that generates while the trainer updates (``stages.engines.rollout_replica``);
             None: the backend has none, and such a schedule refuses it.
     """
@@ -111,16 +111,16 @@ def _vllm_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
     return out
 
 
-def _hf_replica(worker: Any) -> Any:
+def _hf_replica(config: Any, tokenizer: Any) -> Any:
     from stages.engines.rollout_replica import ProcessReplica
 
-    return ProcessReplica(worker)
+    return ProcessReplica(config, tokenizer)
 
 
-def _vllm_replica(worker: Any) -> Any:
+def _vllm_replica(config: Any, tokenizer: Any) -> Any:
     from stages.engines.rollout_replica import VLLMReplica
 
-    return VLLMReplica(worker)
+    return VLLMReplica(config, tokenizer)
 
 
 ROLLOUT_BACKENDS.add(

@@ -17,8 +17,9 @@ Each rollout backend's registry entry builds its own (``RolloutBackendSpec.build
 - ``vllm``: :class:`VLLMReplica`, a vLLM engine whose core runs in a process of its own
   (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), sent the weights as vLLM's own sync does.
 
-Replicas are built on the driver's local backend (world size 1); ZeRO-3 and LoRA weights arrive
-gathered and merged (``ActorWorker.named_weights``).
+A replica runs beside the driver, whatever the worker backend: its weights come from the actor's
+rank 0 (``ActorWorker.full_weights``: gathered under ZeRO-3, merged with LoRA), and it generates
+the whole batch.
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ def _as_batch(tensors: dict[str, Tensor]) -> DataProto:
 
 
 class ProcessReplica:
-    """The ``hf`` backend's replica (module docstring). ``worker``: the actor worker (its config,
-    tokenizer and model settings); the process starts here and loads the model directory."""
+    """The ``hf`` backend's replica (module docstring), for the run config ``config`` (the
+    model directory and the sampling settings) and its tokenizer; the process starts here and
+    loads the model directory, onto the GPU where this process sees one."""
 
     world_size = 1
 
-    def __init__(self, worker: Any) -> None:
-        self.config, self.tokenizer = worker.config, worker.tokenizer
+    def __init__(self, config: Any, tokenizer: Any) -> None:
+        self.config, self.tokenizer = config, tokenizer
         model = self.config.actor_rollout_ref.model
         spec = {
             "path": model.path,
@@ -88,16 +90,19 @@ class ProcessReplica:
 
     def sync(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Copy ``weights`` (name, full tensor) into the replica; the first sync hands it the
-        shared buffers, later ones fill them. Call it only while no generation runs."""
+        shared buffers, later ones fill them and tell it so. Call it only while no generation
+        runs."""
         if self._buffers is None:
             self._buffers = {
-                name: tensor.detach().clone().share_memory_() for name, tensor in weights
+                name: tensor.detach().to("cpu", copy=True).share_memory_()
+                for name, tensor in weights
             }
             self._ask(("weights", self._buffers))
             return
         with torch.no_grad():
             for name, tensor in weights:
                 self._buffers[name].copy_(tensor)
+        self._ask(("synced", None))
 
     def call(self, method: str, batch: DataProto, **kwargs: Any) -> DataProto:
         """``generate_sequences(batch, **kwargs)`` on the replica's weights (the actor worker's
@@ -144,8 +149,9 @@ class ProcessReplica:
 
 def serve_replica(conn: Any, spec: dict[str, Any], threads: int) -> None:
     """The replica process: load the model, then answer each message ``(kind, body)`` —
-    ``weights`` (name → shared buffer), ``generate`` ((prompt tensors, settings)), ``close`` —
-    with ``("ok", answer)`` or ``("error", traceback)``, until the pipe closes."""
+    ``weights`` (name → shared buffer, the first sync), ``synced`` (the buffers were refilled),
+    ``generate`` ((prompt tensors, settings)), ``close`` — with ``("ok", answer)`` or
+    ``("error", traceback)``, until the pipe closes."""
     torch.set_num_threads(threads)
     from transformers.utils import logging as hf_logging
 
@@ -153,23 +159,26 @@ def serve_replica(conn: Any, spec: dict[str, Any], threads: int) -> None:
     from stages.engines.rollout_hf import generate_sequences
 
     hf_logging.disable_progress_bar()  # the trainer's console shows its own lines only
-    lm = load_causal_lm(**spec).eval()
-    params = dict(lm.named_parameters())
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    lm = load_causal_lm(**spec).eval().to(device)
+    params, buffers = dict(lm.named_parameters()), {}
     while True:
         try:
             kind, body = conn.recv()
         except (EOFError, OSError):
             return
         try:
+            answer = None
             if kind == "close":
                 return
             if kind == "weights":
                 missing = sorted(set(params) - set(body))
                 if missing:
                     raise KeyError(f"the sync lacks parameters {missing[:5]}")
-                for name, buffer in body.items():
-                    params[name].data = buffer
-                answer = None
+                buffers = body
+                _load(params, buffers, device)
+            elif kind == "synced":
+                _load(params, buffers, device)
             else:
                 tensors, settings = body
                 answer = _as_tensors(generate_sequences(lm, _as_batch(tensors), settings))
@@ -181,17 +190,36 @@ def serve_replica(conn: Any, spec: dict[str, Any], threads: int) -> None:
                 return
 
 
+def _load(params: dict[str, Tensor], buffers: dict[str, Tensor], device: torch.device) -> None:
+    """The replica's parameters from the shared buffers: on the CPU they become views of them
+    (a sync then needs no copy here), on a GPU they are copied."""
+    with torch.no_grad():
+        for name, buffer in buffers.items():
+            if device.type == "cpu":
+                params[name].data = buffer
+            else:
+                params[name].copy_(buffer, non_blocking=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 class VLLMReplica:
     """The ``vllm`` backend's replica (module docstring): a ``VLLMRollout`` whose engine core
     runs in a process of its own."""
 
     world_size = 1
 
-    def __init__(self, worker: Any) -> None:
+    def __init__(self, config: Any, tokenizer: Any) -> None:
+        from transformers import AutoConfig
+
         from stages.engines.roles import vllm_kv_cache_bytes
         from stages.engines.rollout_vllm import VLLMRollout
 
-        self.config, self.tokenizer = worker.config, worker.tokenizer
+        self.config, self.tokenizer = config, tokenizer
+        model = config.actor_rollout_ref.model
+        hf_config = AutoConfig.from_pretrained(
+            model.path, trust_remote_code=model.trust_remote_code
+        )
         rollout = self.config.actor_rollout_ref.rollout
         on_cpu = not torch.cuda.is_available()
         self.vllm = VLLMRollout(
@@ -200,9 +228,7 @@ class VLLMReplica:
             max_model_len=rollout.max_model_len,
             tensor_parallel_size=1,
             gpu_memory_utilization=rollout.gpu_memory_utilization,
-            kv_cache_memory_bytes=vllm_kv_cache_bytes(rollout, worker.lm.config)
-            if on_cpu
-            else None,
+            kv_cache_memory_bytes=vllm_kv_cache_bytes(rollout, hf_config) if on_cpu else None,
             enforce_eager=rollout.enforce_eager,
             seed=rollout.seed,
             in_process=False,
@@ -230,9 +256,9 @@ class VLLMReplica:
         self.vllm.close()
 
 
-def build_replica(worker: Any) -> Any:
-    """The replica the actor's rollout backend builds (``RolloutBackendSpec.build_replica``)."""
+def build_replica(config: Any, tokenizer: Any) -> Any:
+    """The replica the run's rollout backend builds (``RolloutBackendSpec.build_replica``)."""
     from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 
-    name = worker.config.actor_rollout_ref.rollout.name
-    return ROLLOUT_BACKENDS.get(name).build_replica(worker)
+    name = config.actor_rollout_ref.rollout.name
+    return ROLLOUT_BACKENDS.get(name).build_replica(config, tokenizer)

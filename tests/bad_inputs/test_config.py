@@ -132,10 +132,6 @@ CASES = [
     ("one-step-off-agent-loop", "one step off with the multi-turn agent loop", None,
      ["ppoflow.schedule=one_step_off", "actor_rollout_ref.rollout.multi_turn.enable=true"],
      ["ppoflow.schedule = 'one_step_off' with actor_rollout_ref.rollout.multi_turn.enable = true"]),
-    ("one-step-off-ray", "one step off on the Ray backend", None,
-     ["ppoflow.schedule=one_step_off", "ppoflow.workers.backend=ray"],
-     ["ppoflow.schedule = 'one_step_off' with ppoflow.workers.backend = 'ray': not implemented "
-      "yet"]),
     ("two-problems", "two bad overrides: both reported in one round", None,
      ["trainer.nope=1", "data.train_batch_size=x"], ["(demo-cpu + 2 overrides): 2 problems"]),
 ]  # fmt: skip

@@ -38,7 +38,7 @@ def actor(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def replica(actor):
-    made = build_replica(actor)
+    made = build_replica(actor.config, actor.tokenizer)
     yield made
     made.close()
 
@@ -57,7 +57,7 @@ def test_the_hf_backend_builds_a_process_replica(replica) -> None:
 
 
 def test_it_samples_what_the_actor_samples_with_the_same_weights_and_seed(actor, replica) -> None:
-    replica.sync(actor.named_weights())
+    replica.sync(actor.full_weights().items())
     batch = prompts(actor)
     got = replica.call("generate_sequences", batch, seed=11)
     want = actor.generate_sequences(batch, seed=11)
@@ -71,7 +71,7 @@ def test_it_samples_what_the_actor_samples_with_the_same_weights_and_seed(actor,
 
 
 def test_it_keeps_the_weights_of_its_last_sync(actor, replica) -> None:
-    replica.sync(actor.named_weights())
+    replica.sync(actor.full_weights().items())
     batch = prompts(actor)
     before = replica.call("generate_sequences", batch, seed=3).batch["responses"]
     saved = {name: p.detach().clone() for name, p in actor.lm.named_parameters()}
@@ -82,7 +82,7 @@ def test_it_keeps_the_weights_of_its_last_sync(actor, replica) -> None:
         assert torch.equal(
             replica.call("generate_sequences", batch, seed=3).batch["responses"], before
         )
-        replica.sync(actor.named_weights())
+        replica.sync(actor.full_weights().items())
         after = replica.call("generate_sequences", batch, seed=3).batch["responses"]
         assert torch.equal(after, actor.generate_sequences(batch, seed=3).batch["responses"])
     finally:
@@ -97,7 +97,7 @@ def test_it_refuses_what_is_not_a_rollout(actor, replica) -> None:
 
 
 def test_before_its_first_sync_it_refuses_and_it_ends_with_the_trainers_pipe(actor) -> None:
-    replica = ProcessReplica(actor)
+    replica = ProcessReplica(actor.config, actor.tokenizer)
     with pytest.raises(RuntimeError, match="has no weights yet: sync it first"):
         replica.call("generate_sequences", prompts(actor))
     replica._conn.close()  # as when the trainer's process dies: the child's recv sees EOF

@@ -148,3 +148,28 @@ def test_inspect_shows_each_samples_policy_version_and_staleness(two_runs) -> No
     args = ["inspect", result.run_dir, "--step", "1", "--samples", "1", "--json"]
     data = json.loads(CliRunner().invoke(app, args).output)
     assert (data["samples"][0]["policy_version"], data["samples"][0]["staleness"]) == (0, 0)
+
+
+@pytest.mark.slow
+def test_on_two_ray_ranks_the_overlapped_run_ends_with_the_serial_schedules_weights(
+    tmp_path, make_demo_inputs, tiny_run_overrides
+) -> None:
+    """The replica beside the driver, synced from the actor's rank 0, while 2 Ray ranks train
+    (ZeRO-0, gloo): overlapped and serial end with the same weights, and batch 3 is θ_1's."""
+    demo = make_demo_inputs(tmp_path / "demo", n_train=16, n_val=4)
+    ray = (
+        "ppoflow.workers.backend=ray",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    )
+    overlapped, out = _train(tmp_path, demo, tiny_run_overrides, "ray-overlapped", *ray)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("flows.rollout_ahead.in_thread", _serially)
+        _, serial_out = _train(tmp_path, demo, tiny_run_overrides, "ray-serial", *ray)
+    expected, got = _actor_weights(serial_out), _actor_weights(out)
+    assert expected.keys() == got.keys() and expected
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+    journals = [RunStore(overlapped.run_dir).read_journal(step) for step in (2, 3)]
+    assert journals[1].record("rollout").key_parts["weights"] == journals[0].weights["actor"]
+    assert [m["lineage/staleness/max"] for m in overlapped.history] == [0.0, 1.0, 1.0, 1.0]
