@@ -25,6 +25,7 @@ the whole batch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import traceback
 from collections.abc import Iterable
@@ -253,7 +254,14 @@ class VLLMReplica:
         self.close()
 
     def close(self) -> None:
-        self.vllm.close()
+        """Shut the engine down; vLLM's lines about its own shutdown stay out of the console."""
+        vllm_logger = logging.getLogger("vllm")
+        level = vllm_logger.level
+        vllm_logger.setLevel(logging.ERROR)
+        try:
+            self.vllm.close()
+        finally:
+            vllm_logger.setLevel(level)
 
 
 def build_replica(config: Any, tokenizer: Any) -> Any:
