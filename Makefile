@@ -38,11 +38,11 @@ test: install
 test-slow: install
 	$(PY) -m pytest -m 'slow and not gpu'
 
-# Every kill -9 point (CI's test-slow runs a representative 11 of the 36, and 2 of the 5 one-step-off
-# points): run it before resolving
+# Every kill -9 point (CI's test-slow runs a representative 11 of the 36, and 3 of the 8 points
+# of the schedules with rollouts launched ahead): run it before resolving
 # work that touches resume, checkpoints, artifacts or the stage flow.
 test-kill-matrix: install
-	PPOFLOW_KILL_MATRIX=all $(PY) -m pytest -m slow tests/flows/test_kill_matrix.py tests/flows/test_one_step_off_kill_resume.py
+	PPOFLOW_KILL_MATRIX=all $(PY) -m pytest -m slow tests/flows/test_kill_matrix.py tests/flows/test_schedule_kill_resume.py
 
 # Every side-process fault, kill -9 and SIGSTOP of each side process at a stage boundary and
 # mid-stage (CI's test-slow runs one cell per side process, 4 of the 17): run it before resolving

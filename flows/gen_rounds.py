@@ -38,7 +38,7 @@ from flows.step_flow import StepResult, run_step
 from stages.algos.filter_groups import first_groups_mask, group_ids, kept_group_mask
 from stages.filter_metrics import filter_values
 from stages.ppo import GENERATION_STAGES, PPO_STAGES, TRAINING_STAGES, make_step_input
-from stages.schedules import POLICY_SCHEDULES, policy_version, with_policy_version
+from stages.schedules import with_policy_version
 from stages.stage import Stage, StageContext
 
 EVICTED = "training/filter_groups/evicted_samples"
@@ -106,12 +106,12 @@ def filter_metrics(generated: int, evicted: int, surplus: int) -> dict[str, floa
 
 def next_step_input(run: Any, step: int, gen_round: int | None = None) -> DataProto:
     """The loader's next batch as a step's input (``make_step_input``: n samples per prompt, uids,
-    the rollout temperature, the KL coefficient now), each row tagged with the policy version that
-    generates it under the run's schedule (``stages.schedules``); ``gen_round`` for a DAPO
-    round's own uids and seed, None for a step without rounds."""
+    the rollout temperature, the KL coefficient now), each row tagged with policy version
+    ``step − 1``, the weights that generate it on policy (``stages.schedules``; a rollout launched
+    ahead tags its own, flows/rollout_ahead.py); ``gen_round`` for a DAPO round's own uids and
+    seed, None for a step without rounds."""
     cfg = run.cfg
     rounds = {} if gen_round is None else {"gen_round": gen_round}
-    lag = POLICY_SCHEDULES.get(cfg.ppoflow.schedule).lag
     step_input = make_step_input(
         run.loader.next_batch(),
         cfg.actor_rollout_ref.rollout.n,
@@ -121,7 +121,7 @@ def next_step_input(run: Any, step: int, gen_round: int | None = None) -> DataPr
         uid_seed=cfg.trainer.seed,
         **rounds,
     )
-    return with_policy_version(step_input, policy_version(step, lag))
+    return with_policy_version(step_input, step - 1)
 
 
 def _without_round(batch: DataProto) -> DataProto:

@@ -45,7 +45,11 @@ one. Weight-reading stages need the weights at the start of step k: the initial 
 missing the stage fails naming the checkpoint and how to get one, and it is checked against
 its step's manifest before the engine is built (``verify_checkpoint``, every file hashed: a
 damaged or moved checkpoint is one ``CheckpointIntegrityError`` line naming the file). The
-weights fingerprints of the cache keys are the parent journal's ``weights``.
+weights fingerprints of the cache keys are the parent journal's ``weights``. The rollout of a
+step whose batch was launched ahead by older weights θ_v (``ppoflow.schedule`` one_step_off /
+fully_async: the step input's ``policy_version`` v < k − 1) runs on an actor with the weights
+after step v (the checkpoint saved after step v), keyed by the weights its parent record names
+(:func:`rollout_launched_ahead`), so re-running it computes what the run computed.
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ import fsspec
 
 from dataproto import keys as K
 from dataproto.artifact import ArtifactError, Verify, load_artifact, read_manifest
+from flows.cache.keys import artifact_key_fingerprints
+from flows.dag import batch_keys
 from flows.engines import (
     WeightsLineage,
     build_reward,
@@ -91,7 +97,7 @@ from flows.runs.store import (
     StepJournal,
     lies_in,
 )
-from flows.stage_task import check_reusable
+from flows.stage_task import StageOutcome, check_reusable, run_stage
 from flows.step_flow import StepFlow, StepResult, run_step
 from flows.train import step_metrics
 from stages.config import PPORunConfig, apply_overrides, validate_config
@@ -100,6 +106,8 @@ from stages.engines.checkpoint_manifest import verify_checkpoint
 from stages.metrics.signal import GEN_ROUNDS
 from stages.ppo import PPO_STAGES
 from stages.reward.stage import LOOP_ENGINE, MODEL_ENGINE
+from stages.rollout import ROLLOUT_STAGE
+from stages.schedules import POLICY_VERSION
 from stages.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)
@@ -406,6 +414,49 @@ def note_in_index(store: RunStore, step: int) -> list[Path]:
         return []
 
 
+def launched_ahead_version(step_input: Any, step: int) -> int | None:
+    """The policy version v that generated the step's batch when it is older than the step's
+    own weights (a rollout launched ahead, flows/rollout_ahead.py: v < step − 1), else None."""
+    versions = step_input.non_tensor_batch.get(POLICY_VERSION)
+    if versions is None or len(versions) == 0 or int(versions[0]) == step - 1:
+        return None
+    return int(versions[0])
+
+
+def rollout_launched_ahead(
+    cfg: PPORunConfig,
+    journal: StepJournal,
+    step_input: Any,
+    store: RunStore,
+    version: int,
+    refresh: bool,
+    verify: Verify,
+) -> StageOutcome:
+    """The rollout of a step whose batch weights θ_v generated: on an actor built with the
+    weights after step v (the initial model for v = 0, else the checkpoint saved after step v,
+    which the run must have), keyed by the weights fingerprint the parent's rollout recorded;
+    the step's other weight-reading stages read the step's own weights, as in the parent."""
+    step, record = journal.step, journal.record(ROLLOUT_STAGE.name)
+    engines = lazy_engines(cfg, version + 1)  # the weights at the start of step v + 1: θ_v
+    try:
+        return run_stage(
+            ROLLOUT_STAGE,
+            step_input,
+            StageContext(config=cfg, engines=engines, step=step),
+            store,
+            step,
+            fingerprints=artifact_key_fingerprints(
+                journal.input_fingerprint, batch_keys(step_input)
+            ),
+            weights_fingerprint=record.key_parts["weights"],
+            refresh=refresh,
+            verify=verify,
+            previous=record,
+        )
+    finally:
+        engines.close()
+
+
 def run_branch_step(
     store: RunStore,
     cfg: PPORunConfig,
@@ -422,6 +473,13 @@ def run_branch_step(
     """Run the step's stages into the branch ``store`` and write its journal: (the step's
     result, its metrics, the engines built)."""
     step = journal.step
+    ahead = {}
+    if ROLLOUT_STAGE.name in {stage.name for stage in stages} and ROLLOUT_STAGE.name not in reuse:
+        version = launched_ahead_version(step_input, step)
+        if version is not None:
+            ahead[ROLLOUT_STAGE.name] = rollout_launched_ahead(
+                cfg, journal, step_input, store, version, refresh, verify
+            )
     engines = lazy_engines(cfg, step)
     try:
         result = run_step.fn(
@@ -436,6 +494,7 @@ def run_branch_step(
             reuse=reuse,
             reuse_origin=origin,
             previous=journal,
+            ahead=ahead,
         )
     finally:
         engines.close()

@@ -12,7 +12,9 @@
    commit, run dir and config digest (flows/runs/identity.py); W&B; TensorBoard), log the config
    to them, save it as ``<run_dir>/config.json`` (only now: a failed start keeps a run's
    config), and write ``<run_dir>/run_info.json`` (the MLflow run id, store and experiment);
-4. ``val_before_train``; then for each step: the step input (uid per prompt, repeat n), the step
+4. ``val_before_train``; then for each step: the step input (uid per prompt, repeat n; with a
+   ``ppoflow.schedule`` whose rollout runs apart, the batch launched ahead with its rollout,
+   flows/rollout_ahead.py), the step
    flow's stages (``run_step.fn`` inside this flow run: a subflow run per step would cost far
    more than the 3 % of a demo step allowed, flows/step_flow.py), the
    step metrics (stage metrics, data, timing, throughput, ``training/*``, ``ppoflow/cache_hits``)
@@ -221,7 +223,7 @@ def train_step(run: TrainRun, step: int) -> StepOutput:
 def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:
     """Validate and print at ``step`` (generations table → the sinks); returns (mean score,
     val metrics), which the caller logs with the step's metrics."""
-    engines = run.engines if run.ahead is None else run.ahead.validation_engines()
+    engines = run.engines if run.ahead is None else run.ahead.validation_engines(step)
     result = validate(run.cfg, engines, run.val_set, run.tokenizer, step)
     dump_validation(run.cfg.trainer.validation_data_dir, result.scored, run.tokenizer, step)
     run.progress.validation(step, result.mean_score, result.metrics)

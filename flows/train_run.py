@@ -93,9 +93,9 @@ class TrainRun:
     resumed: ResumedRun | None = None  # the checkpoint this run continues from
     lock: RunLock | None = None  # the run directory's, released when the run ends
     retention: Retention | None = None  # prunes old steps' artifacts (flows/runs/retention.py)
-    #: the one-step-off schedule's launched rollout (flows/rollout_ahead.py), None on policy
+    #: the rollouts launched ahead (flows/rollout_ahead.py), None on policy
     ahead: Any = None
-    #: the launched rollout a resumed checkpoint recorded (``RolloutAhead.state``)
+    #: the launched rollouts a resumed checkpoint recorded (``RolloutAhead.state``)
     restored_ahead: dict[str, Any] | None = None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -169,7 +169,7 @@ def _open_started(
     run.retention = Retention.open(store, cfg)
     try:
         resume(run, startup)
-        run.ahead = open_rollout_ahead(run, startup)  # one step off: the rollout replica
+        run.ahead = open_rollout_ahead(run, startup)  # a schedule's rollout replica, if apart
         store.save_config(cfg)  # only now: a start that failed keeps the run's config.json
         resumed_step = None if run.resumed is None else run.resumed.step
         tags = run_tags(cfg, store.root, resumed_step)

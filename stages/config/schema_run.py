@@ -8,7 +8,7 @@ both.
 
 Example:
     >>> list(RunSchema.model_fields)
-    ['data', 'actor_rollout_ref', 'critic', 'reward', 'algorithm', 'trainer', 'ppoflow']
+    ['data', 'actor_rollout_ref', 'critic', 'reward', 'algorithm', 'trainer', 'async_training', 'ppoflow']
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pydantic import Field
 from stages.config._base import ConfigModel
 from stages.config.schema_actor import ActorRolloutRefConfig
 from stages.config.schema_algorithm import AlgorithmConfig
+from stages.config.schema_async import AsyncTrainingConfig
 from stages.config.schema_critic import CriticConfig
 from stages.config.schema_data import DataConfig
 from stages.config.schema_reward import RewardConfig
@@ -41,6 +42,11 @@ class RunSchema(ConfigModel):
     )
     trainer: TrainerConfig = Field(
         default_factory=TrainerConfig, description="Run length, cadence, devices, logging (section)"
+    )
+    async_training: AsyncTrainingConfig = Field(
+        default_factory=AsyncTrainingConfig,
+        description="Bounded-staleness async training, read with ppoflow.schedule=fully_async "
+        "(section)",
     )
     ppoflow: PPOFlowConfig = Field(
         default_factory=PPOFlowConfig,

@@ -231,7 +231,8 @@ class PPOFlowConfig(ConfigModel):
         description="A name in stages.schedules.POLICY_SCHEDULES: which weights generate a "
         "step's batch; on_policy: the weights that train on it; one_step_off: the weights one "
         "update older, on a copy of the policy that generates step k + 1 while step k trains "
-        "(verl's one_step_off_policy recipe) (choice)",
+        "(verl's one_step_off_policy recipe); fully_async: up to ⌊(1 + s)·T⌋ batches ahead, the "
+        "copy synced every T steps (verl's fully_async_policy; async_training.*) (choice)",
     )
     workers: WorkersConfig = Field(
         default_factory=WorkersConfig, description="Engine rank placement (section)"

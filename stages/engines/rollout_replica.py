@@ -15,7 +15,8 @@ Each rollout backend's registry entry builds its own (``RolloutBackendSpec.build
   (one copy per parameter, no pickling of weights); prompts and responses go through a pipe.
   The process ends when its pipe's other end closes: with the trainer, however that ends.
 - ``vllm``: :class:`VLLMReplica`, a vLLM engine whose core runs in a process of its own
-  (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), sent the weights as vLLM's own sync does.
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=1``) with the model in that process (the ``uni`` executor,
+  no worker process beside it), sent the weights as vLLM's own sync does.
 
 A replica runs beside the driver, whatever the worker backend: its weights come from the actor's
 rank 0 (``ActorWorker.full_weights``: gathered under ZeRO-3, merged with LoRA), and it generates
@@ -236,6 +237,9 @@ class VLLMReplica:
             engine_kwargs={
                 "max_num_seqs": rollout.max_num_seqs,
                 "max_num_batched_tokens": rollout.max_num_batched_tokens,
+                # the model runs in the engine core's own process, not in a worker process of
+                # its own: one process generating beside the trainer, not two
+                "distributed_executor_backend": "uni",
             },
         )
 

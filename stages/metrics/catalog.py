@@ -97,7 +97,7 @@ _RS_TOKENS_OR_ROWS = (
 
 _SIGNAL = "train flow, from the training batch (stages/metrics/signal.py)"
 _ROUNDS = "train flow's generation rounds (flows/gen_rounds.py)"
-_AHEAD = "train flow's one-step-off schedule (flows/rollout_ahead.py)"
+_AHEAD = "train flow's rollouts launched ahead (flows/rollout_ahead.py)"
 _ENTRIES = [
     # --- compute_data_metrics ---
     (
@@ -165,19 +165,19 @@ _ENTRIES = [
     # --- timing and throughput ---
     (
         "timing_s/rollout_wait",
-        "One step off (ppoflow.schedule): seconds the step waited for its batch's rollout, launched during the previous step (in a run's first step: the whole rollout); 0 when it finished while the previous step trained.",
+        "Rollouts launched ahead (ppoflow.schedule one_step_off / fully_async): seconds the step waited for its batch's rollout, launched in an earlier step (in a run's first step: the whole rollout); 0 when it finished while earlier steps trained.",
         "none (a duration)",
         _AHEAD,
     ),
     (
         "timing_s/param_sync",
-        "One step off: seconds spent copying the actor's weights into the rollout replica before launching the next step's rollout (0 when it holds them already). verl's name.",
+        "Rollouts launched ahead: seconds spent on the step's sync of the rollout replica with the actor's weights: the copy into the replica when it is idle, else the copy of the weights queued behind the running rollouts (0 when no sync is due or it holds them already). verl's name.",
         "none (a duration)",
         _AHEAD,
     ),
     (
         "lineage/staleness/{stat}",
-        "Updates between the weights that generated a sample and the weights that train on it: step − 1 − policy_version of each row (0 on policy; 1 one step off, 0 in step 1).",
+        "Updates between the weights that generated a sample and the weights that train on it: step − 1 − policy_version of each row (0 on policy; 1 one step off, 0 in step 1; at most D + T − 1 fully async).",
         "rows of the step batch",
         "train flow, from the step input's policy_version column (stages/schedules.py)",
     ),
@@ -840,7 +840,7 @@ def step_metric_names(
     condition for the rollout_correction stage's mismatch metrics, and ``rollout_is`` adds the
     rollout_is stage's weight metrics (decoupled mode with ``rollout_is``); ``filter_groups``
     adds dynamic sampling's counts (``algorithm.filter_groups.enable``), ``rollout_apart`` the
-    one-step-off schedule's timings (``stages.schedules``, ``rollout_apart``). Multi-turn and
+    timings of a schedule with rollouts launched ahead (``stages.schedules``, ``rollout_apart``). Multi-turn and
     tool-call statistics, validation and MFU metrics are not every-step metrics and are not listed.
 
     Example:

@@ -132,6 +132,25 @@ CASES = [
     ("one-step-off-agent-loop", "one step off with the multi-turn agent loop", None,
      ["ppoflow.schedule=one_step_off", "actor_rollout_ref.rollout.multi_turn.enable=true"],
      ["ppoflow.schedule = 'one_step_off' with actor_rollout_ref.rollout.multi_turn.enable = true"]),
+    ("async-key-on-policy", "an `async_training` key with a synchronous schedule", None,
+     ["async_training.staleness_threshold=0.5"],
+     ["async_training.staleness_threshold = 0.5 has no effect with ppoflow.schedule = "
+      "'on_policy'; set ppoflow.schedule = 'fully_async'"]),
+    ("async-negative-staleness", "a staleness bound below 0", None,
+     ["ppoflow.schedule=fully_async", "async_training.staleness_threshold=-1"],
+     ["async_training.staleness_threshold: got -1; must be ≥ 0"]),
+    ("async-partial-rollout", "partial rollouts with a backend that cannot interrupt", None,
+     ["ppoflow.schedule=fully_async", "async_training.partial_rollout=true"],
+     ["async_training.partial_rollout = true: no ppoflow rollout backend can interrupt a "
+      "generation at a weight sync ('hf' cannot); set it to false"]),
+    ("async-save-off-the-sync-period", "fully async with checkpoints that split a sync period",
+     None, ["ppoflow.schedule=fully_async", "trainer.save_freq=3"],
+     ["trainer.save_freq = 3 is not a multiple of async_training.trigger_parameter_sync_step = 4",
+      "set save_freq to a multiple of 4"]),
+    ("async-step-batch", "fully async with a step batch other than require_batches mini-batches",
+     None, ["ppoflow.schedule=fully_async", "async_training.require_batches=2"],
+     ["data.train_batch_size = 64 but async_training.require_batches = 2 × "
+      "actor.ppo_mini_batch_size = 64 prompts make a trainer step; set data.train_batch_size = 128"]),
     ("two-problems", "two bad overrides: both reported in one round", None,
      ["trainer.nope=1", "data.train_batch_size=x"], ["(demo-cpu + 2 overrides): 2 problems"]),
 ]  # fmt: skip

@@ -1,0 +1,126 @@
+"""Rollout correction on deliberately mismatched runs: the mismatch metrics rise with the gap
+between the rollout's and the trainer's log-probs, and truncated importance sampling keeps the
+update bounded.
+
+    OMP_NUM_THREADS=1 flock /tmp/ppoflow-train.lock .venv/bin/python bench/rollout_mismatch.py \
+        [--steps 40]
+
+configs/demo-cpu.yaml (GRPO, 64 prompts × 4, the tiny model, HF rollouts) with
+``algorithm.rollout_correction.bypass_mode=false`` everywhere, so the trainer recomputes the old
+log-probs and the rollout_correction stage measures the gap to the rollout's. Three sources of
+mismatch, from none to the most:
+
+- **matched**: on policy; the rollout's log-probs are the actor's own (rounding only);
+- **one step off**: ``ppoflow.schedule=one_step_off``: batches from θ_{k−2}, trained from θ_{k−1};
+- **async, T = 4**: ``ppoflow.schedule=fully_async`` with ``trigger_parameter_sync_step=4``,
+  ``staleness_threshold=0.1``: batches up to 7 updates old.
+
+each without correction and with ``rollout_is=token`` (weights truncated at
+``rollout_is_threshold`` = 2). Per run, over its steps: the mean of ``rollout_corr/k3_kl`` and of
+``rollout_corr/log_ppl_abs_diff``, the mean share of token weights the truncation cut
+(``rollout_corr/rollout_is_ratio_fraction_high``), the largest |``actor/pg_loss``| and
+``actor/grad_norm``, and the last greedy validation score. One run each, one after the other; the load average is printed at the
+start and the end. Record the figures in bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PPOFLOW = Path(sys.executable).with_name("ppoflow")
+VALIDATION = re.compile(r"validation @ step (\d+): score (-?[0-9.]+)")
+SOURCES = {
+    "matched": [],
+    "one step off": ["ppoflow.schedule=one_step_off"],
+    "async, T = 4": [
+        "ppoflow.schedule=fully_async",
+        "async_training.trigger_parameter_sync_step=4",
+        "async_training.staleness_threshold=0.1",
+    ],
+}
+CORRECTIONS = {
+    "none": [],
+    "token IS ≤ 2": [
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=2.0",
+    ],
+}
+
+
+def ppoflow(*args: str, env: dict[str, str]) -> str:
+    result = subprocess.run(
+        [str(PPOFLOW), *args], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise SystemExit(
+            f"ppoflow {args[0]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result.stdout
+
+
+def run(root: Path, name: str, extra: list[str], args, env) -> tuple[float, list[dict]]:
+    """One training: (its last validation score, each step's metrics)."""
+    run_dir = root / name
+    out = ppoflow(
+        "train", "configs/demo-cpu.yaml",
+        f"data.train_files=[{root}/data/train.parquet]",
+        f"data.val_files=[{root}/data/val.parquet]",
+        f"actor_rollout_ref.model.path={root}/model",
+        "algorithm.rollout_correction.bypass_mode=false",
+        f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.steps}",
+        "trainer.save_freq=-1", "trainer.logger=[console]",
+        f"trainer.default_local_dir={root}/{name}-checkpoints",
+        f"ppoflow.artifact_dir={root}/store", *extra, "--run-dir", str(run_dir),
+        env=env,
+    )  # fmt: skip
+    score = float(VALIDATION.findall(out)[-1][1])
+    inspected = json.loads(ppoflow("inspect", str(run_dir), "--json", env=env))
+    steps = sorted(inspected["steps"], key=lambda s: s["step"])
+    return score, [step["metrics"] for step in steps]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    print(f"load average at start: {os.getloadavg()}")
+    print(
+        f"{'mismatch':>14} {'correction':>13} {'k3 kl':>9} {'|Δlog ppl|':>10} "
+        f"{'cut':>8} {'max |pg_loss|':>13} {'max grad_norm':>13} {'val':>6}"
+    )
+    with tempfile.TemporaryDirectory(prefix="rollout-mismatch-") as tmp:
+        root = Path(tmp)
+        ppoflow("make-demo-data", str(root / "data"), env=env)
+        ppoflow("make-tiny-model", str(root / "model"), env=env)
+        for source, source_overrides in SOURCES.items():
+            for correction, correction_overrides in CORRECTIONS.items():
+                name = f"{source}-{correction}".replace(" ", "_").replace(",", "")
+                name = re.sub(r"[^A-Za-z0-9_=-]", "", name)
+                score, steps = run(root, name, source_overrides + correction_overrides, args, env)
+                kl = statistics.fmean(m["rollout_corr/k3_kl"] for m in steps)
+                ppl = statistics.fmean(m["rollout_corr/log_ppl_abs_diff"] for m in steps)
+                cut = statistics.fmean(
+                    m.get("rollout_corr/rollout_is_ratio_fraction_high", 0.0) for m in steps
+                )
+                loss = max(abs(m["actor/pg_loss"]) for m in steps)
+                grad = max(m["actor/grad_norm"] for m in steps)
+                is_text = f"{cut:>8.2%}" if correction != "none" else f"{'-':>8}"
+                print(
+                    f"{source:>14} {correction:>13} {kl:>9.2e} {ppl:>10.2e} {is_text} "
+                    f"{loss:>13.4f} {grad:>13.4f} {score:>6.3f}"
+                )
+    print(f"load average at end: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
