@@ -7,13 +7,15 @@ update bounded.
 
 configs/demo-cpu.yaml (GRPO, 64 prompts × 4, the tiny model, HF rollouts) with
 ``algorithm.rollout_correction.bypass_mode=false`` everywhere, so the trainer recomputes the old
-log-probs and the rollout_correction stage measures the gap to the rollout's. Three sources of
+log-probs and the rollout_correction stage measures the gap to the rollout's. Four sources of
 mismatch, from none to the most:
 
 - **matched**: on policy; the rollout's log-probs are the actor's own (rounding only);
 - **one step off**: ``ppoflow.schedule=one_step_off``: batches from θ_{k−2}, trained from θ_{k−1};
 - **async, T = 4**: ``ppoflow.schedule=fully_async`` with ``trigger_parameter_sync_step=4``,
-  ``staleness_threshold=0.1``: batches up to 7 updates old.
+  ``staleness_threshold=0.1``: batches up to 7 updates old;
+- **async, T = 8**: ``trigger_parameter_sync_step=8``, ``staleness_threshold=1``: 16 batches
+  ahead, up to 23 updates old.
 
 each without correction and with ``rollout_is=token`` (weights truncated at
 ``rollout_is_threshold`` = 2). Per run, over its steps: the mean of ``rollout_corr/k3_kl`` and of
@@ -45,6 +47,11 @@ SOURCES = {
         "ppoflow.schedule=fully_async",
         "async_training.trigger_parameter_sync_step=4",
         "async_training.staleness_threshold=0.1",
+    ],
+    "async, T = 8": [
+        "ppoflow.schedule=fully_async",
+        "async_training.trigger_parameter_sync_step=8",
+        "async_training.staleness_threshold=1",
     ],
 }
 CORRECTIONS = {
@@ -104,8 +111,7 @@ def main() -> None:
         ppoflow("make-tiny-model", str(root / "model"), env=env)
         for source, source_overrides in SOURCES.items():
             for correction, correction_overrides in CORRECTIONS.items():
-                name = f"{source}-{correction}".replace(" ", "_").replace(",", "")
-                name = re.sub(r"[^A-Za-z0-9_=-]", "", name)
+                name = re.sub(r"[^A-Za-z0-9]+", "_", f"{source}-{correction}")
                 score, steps = run(root, name, source_overrides + correction_overrides, args, env)
                 kl = statistics.fmean(m["rollout_corr/k3_kl"] for m in steps)
                 ppl = statistics.fmean(m["rollout_corr/log_ppl_abs_diff"] for m in steps)

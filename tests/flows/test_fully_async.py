@@ -25,7 +25,7 @@ from stages.engines.checkpoint import checkpoint_dir
 from stages.engines.safe_load import weights_only_load
 from stages.schedules import POLICY_VERSION, Pace, policy_version
 
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6

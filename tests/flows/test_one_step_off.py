@@ -26,7 +26,7 @@ from stages.engines.safe_load import weights_only_load
 from stages.metrics.catalog import step_metric_names
 from stages.schedules import POLICY_VERSION
 
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -144,7 +144,6 @@ def test_inspect_shows_each_samples_policy_version_and_staleness(two_runs) -> No
     assert (data["samples"][0]["policy_version"], data["samples"][0]["staleness"]) == (0, 0)
 
 
-@pytest.mark.slow
 def test_on_two_ray_ranks_the_overlapped_run_ends_with_the_serial_schedules_weights(
     tmp_path, make_demo_inputs, tiny_run_overrides
 ) -> None:
