@@ -36,13 +36,11 @@ import itertools
 import json
 import os
 import re
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PPOFLOW = Path(sys.executable).with_name("ppoflow")
+from demo_runs import REPO, make_demo, ppoflow
+
 N = 4  # rollout.n of demo-cpu.yaml
 VALIDATION = re.compile(r"validation @ step (\d+): score (-?[0-9.]+)")
 PASS_FAIL = REPO / "bench" / "scorers" / "demo_pass_fail.py"
@@ -53,17 +51,6 @@ REWARDS = {
         "reward.custom_reward_function.name=compute_score",
     ],
 }
-
-
-def ppoflow(*args: str, env: dict[str, str]) -> str:
-    result = subprocess.run(
-        [str(PPOFLOW), *args], cwd=REPO, env=env, capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        raise SystemExit(
-            f"ppoflow {args[0]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        )
-    return result.stdout
 
 
 def run_side(name: str, extra: list[str], root: Path, args, env) -> dict:
@@ -120,8 +107,7 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="dapo-signal-") as tmp:
         root = Path(tmp)
-        ppoflow("make-demo-data", str(root / "data"), env=env)
-        ppoflow("make-tiny-model", str(root / "model"), env=env)
+        make_demo(root, env)
         sides = {
             "off": run_side(
                 "off",

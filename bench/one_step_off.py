@@ -37,49 +37,24 @@ The load average is printed at the start and the end. Record the figures in benc
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PPOFLOW = Path(sys.executable).with_name("ppoflow")
+from demo_runs import make_demo, train_demo
+
 N = 4  # rollout.n of demo-cpu.yaml
 SCHEDULES = ("on_policy", "one_step_off")
 VALIDATION = re.compile(r"validation @ step (\d+): score (-?[0-9.]+)")
 
 
-def ppoflow(*args: str, env: dict[str, str]) -> str:
-    result = subprocess.run(
-        [str(PPOFLOW), *args], cwd=REPO, env=env, capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        raise SystemExit(
-            f"ppoflow {args[0]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        )
-    return result.stdout
-
-
 def train(root: Path, name: str, schedule: str, extra: list[str], env) -> tuple[str, list[dict]]:
-    """One training: (its console output, each step's metrics in step order)."""
-    run_dir = root / name
-    out = ppoflow(
-        "train", "configs/demo-cpu.yaml",
-        f"data.train_files=[{root}/data/train.parquet]",
-        f"data.val_files=[{root}/data/val.parquet]",
-        f"actor_rollout_ref.model.path={root}/model",
-        f"ppoflow.schedule={schedule}", "trainer.save_freq=-1", "trainer.logger=[console]",
-        f"trainer.default_local_dir={root}/{name}-checkpoints",
-        f"ppoflow.artifact_dir={root}/store", *extra, "--run-dir", str(run_dir),
-        env=env,
-    )  # fmt: skip
-    inspected = json.loads(ppoflow("inspect", str(run_dir), "--json", env=env))
-    steps = sorted(inspected["steps"], key=lambda s: s["step"])
-    return out, [step["metrics"] for step in steps]
+    """One training of a schedule: (its console output, each step's metrics in step order)."""
+    return train_demo(
+        root, name, "configs/demo-cpu.yaml", [f"ppoflow.schedule={schedule}", *extra], env
+    )
 
 
 def throughput(steps: list[dict], schedule: str, rows: int) -> dict[str, float]:
@@ -198,8 +173,7 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="one-step-off-") as tmp:
         root = Path(tmp)
-        ppoflow("make-demo-data", str(root / "data"), env=env)
-        ppoflow("make-tiny-model", str(root / "model"), env=env)
+        make_demo(root, env)
         (bench_curve if args.curve else bench_throughput)(root, args, env)
     print(f"load average at end: {os.getloadavg()}")
 

@@ -28,17 +28,14 @@ start and the end. Record the figures in bench/README.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PPOFLOW = Path(sys.executable).with_name("ppoflow")
+from demo_runs import make_demo, train_demo
+
 VALIDATION = re.compile(r"validation @ step (\d+): score (-?[0-9.]+)")
 SOURCES = {
     "matched": [],
@@ -63,36 +60,16 @@ CORRECTIONS = {
 }
 
 
-def ppoflow(*args: str, env: dict[str, str]) -> str:
-    result = subprocess.run(
-        [str(PPOFLOW), *args], cwd=REPO, env=env, capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        raise SystemExit(
-            f"ppoflow {args[0]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        )
-    return result.stdout
-
-
 def run(root: Path, name: str, extra: list[str], args, env) -> tuple[float, list[dict]]:
     """One training: (its last validation score, each step's metrics)."""
-    run_dir = root / name
-    out = ppoflow(
-        "train", "configs/demo-cpu.yaml",
-        f"data.train_files=[{root}/data/train.parquet]",
-        f"data.val_files=[{root}/data/val.parquet]",
-        f"actor_rollout_ref.model.path={root}/model",
+    extra = [
         "algorithm.rollout_correction.bypass_mode=false",
-        f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.steps}",
-        "trainer.save_freq=-1", "trainer.logger=[console]",
-        f"trainer.default_local_dir={root}/{name}-checkpoints",
-        f"ppoflow.artifact_dir={root}/store", *extra, "--run-dir", str(run_dir),
-        env=env,
-    )  # fmt: skip
-    score = float(VALIDATION.findall(out)[-1][1])
-    inspected = json.loads(ppoflow("inspect", str(run_dir), "--json", env=env))
-    steps = sorted(inspected["steps"], key=lambda s: s["step"])
-    return score, [step["metrics"] for step in steps]
+        f"trainer.total_training_steps={args.steps}",
+        f"trainer.test_freq={args.steps}",
+        *extra,
+    ]
+    out, steps = train_demo(root, name, "configs/demo-cpu.yaml", extra, env)
+    return float(VALIDATION.findall(out)[-1][1]), steps
 
 
 def main() -> None:
@@ -107,8 +84,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory(prefix="rollout-mismatch-") as tmp:
         root = Path(tmp)
-        ppoflow("make-demo-data", str(root / "data"), env=env)
-        ppoflow("make-tiny-model", str(root / "model"), env=env)
+        make_demo(root, env)
         for source, source_overrides in SOURCES.items():
             for correction, correction_overrides in CORRECTIONS.items():
                 name = re.sub(r"[^A-Za-z0-9]+", "_", f"{source}-{correction}")

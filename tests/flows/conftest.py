@@ -217,3 +217,47 @@ def process_groups() -> ProcessGroups:
     """:class:`ProcessGroups` with a 600 s limit on a run (session scope: it holds no state,
     and module fixtures such as test_kill_matrix.py's ``matrix`` use it)."""
     return ProcessGroups(run_timeout_s=600)
+
+
+class ScheduleRuns:
+    """The tiny demo training (tests/conftest.py) with a rollout schedule, in this process:
+    :meth:`train` one run, :meth:`overlapped_and_serial` the same run with the replica's jobs
+    on their own thread and with each job run at once (``flows.rollout_ahead.InlineLane``: the
+    same schedule with no overlap), :meth:`actor_weights` a run's actor at its last step."""
+
+    def __init__(self, steps: int, overrides, *schedule: str) -> None:
+        self.steps, self.overrides, self.schedule = steps, overrides, schedule
+
+    def train(self, root: Path, demo: Path, name: str, *extra: str):
+        """(the train flow's result, the run's output directory ``root/name``)."""
+        from flows.train import train
+
+        out = root / name
+        overrides = self.overrides(
+            demo, out, self.steps, *self.schedule, "trainer.logger=[console]", *extra
+        )
+        config = Path(__file__).resolve().parents[2] / "configs" / "demo-cpu.yaml"
+        return train(config, overrides, str(out / "run")), out
+
+    def overlapped_and_serial(self, root: Path, demo: Path, *extra: str):
+        from flows.rollout_ahead import InlineLane
+
+        overlapped = self.train(root, demo, "overlapped", *extra)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("flows.rollout_ahead.Lane", InlineLane)
+            serial = self.train(root, demo, "serial", *extra)
+        return overlapped, serial
+
+    def actor_weights(self, out: Path) -> dict[str, torch.Tensor]:
+        from stages.engines.checkpoint import checkpoint_dir
+        from stages.engines.safe_load import weights_only_load
+
+        states = checkpoint_dir(out / "checkpoints", self.steps, "actor") / "state"
+        model = states / "mp_rank_00_model_states.pt"
+        return weights_only_load(model, map_location="cpu")["module"]
+
+
+@pytest.fixture(scope="session")
+def schedule_runs(tiny_run_overrides):
+    """``f(steps, *schedule overrides) -> ScheduleRuns``."""
+    return lambda steps, *schedule: ScheduleRuns(steps, tiny_run_overrides, *schedule)

@@ -18,11 +18,7 @@ import pytest
 import torch
 
 from dataproto.artifact import load_artifact
-from flows.rollout_ahead import InlineLane
 from flows.runs.store import RunStore
-from flows.train import train
-from stages.engines.checkpoint import checkpoint_dir
-from stages.engines.safe_load import weights_only_load
 from stages.schedules import POLICY_VERSION, Pace, policy_version
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
@@ -32,42 +28,29 @@ STEPS = 6
 PACE = Pace(depth=2, sync_every=2)
 
 
-def _train(root: Path, demo: Path, tiny_run_overrides, name: str, *extra: str):
-    out = root / name
-    overrides = tiny_run_overrides(
-        demo,
-        out,
-        STEPS,
-        "ppoflow.schedule=fully_async",
-        "async_training.staleness_threshold=0",
-        "async_training.trigger_parameter_sync_step=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "trainer.test_freq=-1",
-        "trainer.logger=[console]",
-        *extra,
-    )
-    return train(REPO / "configs" / "demo-cpu.yaml", overrides, str(out / "run")), out
-
-
-def _actor_weights(out: Path) -> dict[str, torch.Tensor]:
-    states = checkpoint_dir(out / "checkpoints", STEPS, "actor") / "state"
-    return weights_only_load(states / "mp_rank_00_model_states.pt", map_location="cpu")["module"]
+SCHEDULE = (
+    "ppoflow.schedule=fully_async",
+    "async_training.staleness_threshold=0",
+    "async_training.trigger_parameter_sync_step=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "trainer.test_freq=-1",
+)
 
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory, make_demo_inputs, tiny_run_overrides):
+def runs(schedule_runs):
+    return schedule_runs(STEPS, *SCHEDULE)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, make_demo_inputs, runs):
     root = tmp_path_factory.mktemp("fully-async")
-    demo = make_demo_inputs(root / "demo")
-    overlapped = _train(root, demo, tiny_run_overrides, "overlapped")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("flows.rollout_ahead.Lane", InlineLane)
-        serial = _train(root, demo, tiny_run_overrides, "serial")
-    return overlapped, serial
+    return runs.overlapped_and_serial(root, make_demo_inputs(root / "demo"))
 
 
-def test_the_overlapped_run_ends_with_the_serial_schedules_weights(two_runs) -> None:
+def test_the_overlapped_run_ends_with_the_serial_schedules_weights(two_runs, runs) -> None:
     (_, overlapped), (_, serial) = two_runs
-    expected, got = _actor_weights(serial), _actor_weights(overlapped)
+    expected, got = runs.actor_weights(serial), runs.actor_weights(overlapped)
     assert expected.keys() == got.keys()
     for name, tensor in expected.items():
         assert torch.equal(got[name], tensor), name
