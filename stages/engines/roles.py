@@ -209,6 +209,40 @@ def call_settings(
     return settings
 
 
+def build_vllm_rollout(
+    config: Any,
+    hf_config: Any,
+    *,
+    tensor_parallel_size: int,
+    in_process: bool | None,
+    executor: Mapping[str, str],
+) -> Any:
+    """A ``VLLMRollout`` of the run's model directory with the ``rollout.*`` engine settings
+    (on the CPU a KV cache of :func:`vllm_kv_cache_bytes` for ``hf_config``), its engine core in
+    this process or not (``in_process``), ``executor``: further engine keywords (the executor
+    backend)."""
+    from stages.engines.rollout_vllm import VLLMRollout
+
+    rollout = config.actor_rollout_ref.rollout
+    on_cpu = not torch.cuda.is_available()
+    return VLLMRollout(
+        config.actor_rollout_ref.model.path,
+        dtype=rollout.dtype,
+        max_model_len=rollout.max_model_len,
+        tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        kv_cache_memory_bytes=vllm_kv_cache_bytes(rollout, hf_config) if on_cpu else None,
+        enforce_eager=rollout.enforce_eager,
+        seed=rollout.seed,
+        in_process=in_process,
+        engine_kwargs={
+            "max_num_seqs": rollout.max_num_seqs,
+            "max_num_batched_tokens": rollout.max_num_batched_tokens,
+            **executor,
+        },
+    )
+
+
 class ActorWorker(_CheckpointMixin):
     """The policy on a DeepSpeed engine: ``compute_log_prob``, ``update_actor``, rollouts (HF
     ``generate`` on the engine's module, or a vLLM engine when ``rollout.name`` is ``vllm``)."""
@@ -344,30 +378,16 @@ class ActorWorker(_CheckpointMixin):
         model directory (rollout.* engine settings), and sent the actor's weights
         (:meth:`named_weights`) whenever an update or a checkpoint load changed them since."""
         if self.vllm is None:
-            from stages.engines.rollout_vllm import VLLMRollout
-
             rollout = self.config.actor_rollout_ref.rollout
-            on_cpu = not torch.cuda.is_available()
             in_process, executor = vllm_placement(
                 rollout.tensor_model_parallel_size, _world_size(), os.environ
             )
-            self.vllm = VLLMRollout(
-                self.config.actor_rollout_ref.model.path,
-                dtype=rollout.dtype,
-                max_model_len=rollout.max_model_len,
+            self.vllm = build_vllm_rollout(
+                self.config,
+                self.lm.config,
                 tensor_parallel_size=rollout.tensor_model_parallel_size,
-                gpu_memory_utilization=rollout.gpu_memory_utilization,
-                kv_cache_memory_bytes=vllm_kv_cache_bytes(rollout, self.lm.config)
-                if on_cpu
-                else None,
-                enforce_eager=rollout.enforce_eager,
-                seed=rollout.seed,
                 in_process=in_process,
-                engine_kwargs={
-                    "max_num_seqs": rollout.max_num_seqs,
-                    "max_num_batched_tokens": rollout.max_num_batched_tokens,
-                    **executor,
-                },
+                executor=executor,
             )
         if self.vllm_is_stale:
             self.vllm.sync_weights(self.named_weights())

@@ -214,33 +214,21 @@ class VLLMReplica:
     def __init__(self, config: Any, tokenizer: Any) -> None:
         from transformers import AutoConfig
 
-        from stages.engines.roles import vllm_kv_cache_bytes
-        from stages.engines.rollout_vllm import VLLMRollout
+        from stages.engines.roles import build_vllm_rollout
 
         self.config, self.tokenizer = config, tokenizer
         model = config.actor_rollout_ref.model
         hf_config = AutoConfig.from_pretrained(
             model.path, trust_remote_code=model.trust_remote_code
         )
-        rollout = self.config.actor_rollout_ref.rollout
-        on_cpu = not torch.cuda.is_available()
-        self.vllm = VLLMRollout(
-            self.config.actor_rollout_ref.model.path,
-            dtype=rollout.dtype,
-            max_model_len=rollout.max_model_len,
+        # the engine core in a process of its own, the model in that process (the uni
+        # executor, not a worker process beside it): one process generating beside the trainer
+        self.vllm = build_vllm_rollout(
+            config,
+            hf_config,
             tensor_parallel_size=1,
-            gpu_memory_utilization=rollout.gpu_memory_utilization,
-            kv_cache_memory_bytes=vllm_kv_cache_bytes(rollout, hf_config) if on_cpu else None,
-            enforce_eager=rollout.enforce_eager,
-            seed=rollout.seed,
             in_process=False,
-            engine_kwargs={
-                "max_num_seqs": rollout.max_num_seqs,
-                "max_num_batched_tokens": rollout.max_num_batched_tokens,
-                # the model runs in the engine core's own process, not in a worker process of
-                # its own: one process generating beside the trainer, not two
-                "distributed_executor_backend": "uni",
-            },
+            executor={"distributed_executor_backend": "uni"},
         )
 
     def sync(self, weights: Iterable[tuple[str, Tensor]]) -> None:
