@@ -39,7 +39,7 @@ import contextvars
 import functools
 import queue
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from time import perf_counter
@@ -53,7 +53,6 @@ from flows.gen_rounds import next_step_input
 from flows.runs.store import StageRecord, relative_to_root, resolve_in_root
 from flows.stage_task import StageOutcome, artifact_digest, reuse_stage, run_stage
 from stages.engines.rollout_replica import build_replica
-from stages.ppo import PPO_STAGES
 from stages.rollout import ROLLOUT_STAGE
 from stages.schedules import POLICY_SCHEDULES, pace_of, with_policy_version
 from stages.stage import StageContext
@@ -159,20 +158,18 @@ class RolloutAhead:
         next_input: step → the step's input batch (draws the loader's next prompts).
         refresh: whether the rollout recomputes on a cache hit (``ppoflow.cache`` false).
         restored: :meth:`state` as a checkpoint saved it, or None.
-        lane: where the replica's jobs run (default: a :class:`Lane`).
     """
 
     def __init__(
         self,
         run: Any,
         next_input: Callable[[int], DataProto],
-        refresh: Collection[str] = (),
+        refresh: bool = False,
         restored: dict[str, Any] | None = None,
-        lane: Any = None,
     ) -> None:
         self.run, self.next_input, self.refresh = run, next_input, refresh
         self.pace = pace_of(run.cfg)
-        self.lane = lane if lane is not None else Lane()
+        self.lane = Lane()  # the tests' serial reference replaces the class: InlineLane
         self.replica = build_replica(run.cfg, run.tokenizer)
         self.weights: str | None = None  # lineage of the last sync queued (launches read it)
         self.version = 0  # the policy version of those weights
@@ -272,7 +269,7 @@ class RolloutAhead:
             step,
             fingerprints=artifact_key_fingerprints(input_ref.fingerprint, batch_keys(batch)),
             weights_fingerprint=self.weights,
-            refresh=ROLLOUT_STAGE.name in self.refresh,
+            refresh=self.refresh,
             retries=1,
         )
         return Launch(step, batch, input_ref, outcome)
@@ -311,7 +308,7 @@ def open_rollout_ahead(run: Any, startup: Any) -> RolloutAhead | None:
         ahead = RolloutAhead(
             run,
             functools.partial(next_step_input, run),
-            refresh=() if cfg.ppoflow.cache else [stage.name for stage in PPO_STAGES],
+            refresh=not cfg.ppoflow.cache,
             restored=run.restored_ahead,
         )
         shown["text"] = (

@@ -187,7 +187,7 @@ def train_step(run: TrainRun, step: int) -> StepOutput:
     }
     weights_at_start = run.lineage.state_dict()
     launched: dict[str, Any] = {}
-    if run.ahead is not None:  # one step off: the rollout ran while the last step trained
+    if run.ahead is not None:  # the rollout ran ahead, while earlier steps trained
         taken = run.ahead.take(step, run.total_steps)  # flows/rollout_ahead.py
         planned = StepPlanInput(PPO_STAGES, taken.batch, taken.metrics, 1)
         launched = {"saved_input": taken.input_ref, "ahead": taken.ahead}

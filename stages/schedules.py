@@ -149,9 +149,9 @@ def policy_version(step: int, pace: Pace) -> int:
     return launched_at - 1 - (launched_at - 1) % pace.sync_every
 
 
-def staleness(step: int, version: int) -> int:
-    """Updates between a sample's generating weights (version ``version``) and the weights of
-    step ``step`` that train on it: ``step − 1 − version``."""
+def staleness(step: int, version: Any) -> Any:
+    """Updates between a sample's generating weights (version ``version``, an int or an array
+    of them) and the weights of step ``step`` that train on it: ``step − 1 − version``."""
     return step - 1 - version
 
 
@@ -175,7 +175,7 @@ def staleness_metrics(batch: Any, step: int) -> dict[str, float]:
     versions = batch.non_tensor_batch.get(POLICY_VERSION)
     if versions is None or len(versions) == 0:
         return {}
-    ages = step - 1 - np.asarray(versions, dtype=np.int64)
+    ages = staleness(step, np.asarray(versions, dtype=np.int64))
     return {
         "lineage/staleness/mean": float(ages.mean()),
         "lineage/staleness/max": float(ages.max()),

@@ -33,7 +33,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from tensordict import TensorDict
 from torch import Tensor
 
 from dataproto import DataProto
@@ -49,13 +48,6 @@ def _check_method(method: str) -> None:
 
 def _as_tensors(batch: DataProto) -> dict[str, Tensor]:
     return {name: batch.batch[name] for name in batch.batch.keys()}  # noqa: SIM118
-
-
-def _as_batch(tensors: dict[str, Tensor]) -> DataProto:
-    rows = len(next(iter(tensors.values())))
-    return DataProto(
-        batch=TensorDict(tensors, batch_size=[rows]), non_tensor_batch={}, meta_info={}
-    )
 
 
 class ProcessReplica:
@@ -115,7 +107,7 @@ class ProcessReplica:
         if self._buffers is None:
             raise RuntimeError("the rollout replica has no weights yet: sync it first")
         settings = call_settings(self.config, self.tokenizer, len(batch), **kwargs)
-        return _as_batch(self._ask(("generate", (_as_tensors(batch), settings))))
+        return DataProto.from_dict(self._ask(("generate", (_as_tensors(batch), settings))))
 
     def _ask(self, message: tuple) -> Any:
         try:
@@ -183,7 +175,7 @@ def serve_replica(conn: Any, spec: dict[str, Any], threads: int) -> None:
                 _load(params, buffers, device)
             else:
                 tensors, settings = body
-                answer = _as_tensors(generate_sequences(lm, _as_batch(tensors), settings))
+                answer = _as_tensors(generate_sequences(lm, DataProto.from_dict(tensors), settings))
             conn.send(("ok", answer))
         except Exception:
             try:

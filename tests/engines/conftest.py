@@ -49,6 +49,30 @@ def make_tiny_lm():
     return write_tiny_lm
 
 
+def prompt_batch(tokenizer, texts: list[str], n: int = 1) -> DataProto:
+    """``texts`` tokenized (left-padded as the tokenizer pads), each repeated ``n`` times
+    (adjacent): ``input_ids`` / ``attention_mask`` / ``position_ids`` (B, P), meta temperature 1."""
+    encoded = tokenizer(texts, return_tensors="pt", padding=True)
+    ids = encoded["input_ids"].repeat_interleave(n, 0)
+    mask = encoded["attention_mask"].repeat_interleave(n, 0)
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+    }
+    return DataProto(
+        batch=TensorDict(tensors, batch_size=[len(ids)]),
+        non_tensor_batch={},
+        meta_info={"temperature": 1.0},
+    )
+
+
+@pytest.fixture
+def encode_prompts():
+    """The :func:`prompt_batch` builder, for tests (conftest modules are not importable)."""
+    return prompt_batch
+
+
 @pytest.fixture
 def make_rollout_batch():
     """The :func:`rollout_batch` builder, for tests (conftest modules are not importable)."""

