@@ -119,6 +119,10 @@ class VLLMRollout:
         from vllm.platforms import current_platform
 
         if in_process is not None and in_process == bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING):
+            # an earlier in-process engine froze vLLM's reads of its variables (its engine core
+            # calls envs.enable_envs_cache); vLLM's disable_envs_cache lets it read them again
+            envs.disable_envs_cache()
+        if in_process is not None and in_process == bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING):
             _restore(MULTIPROCESSING_SWITCH, previous)
             raise RuntimeError(
                 f"in_process={in_process}, but vLLM had already read {MULTIPROCESSING_SWITCH}="

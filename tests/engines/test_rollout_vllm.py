@@ -11,6 +11,7 @@ environment variables are set), so run this module in its own pytest process:
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 import subprocess
@@ -341,7 +342,16 @@ def test_an_engine_in_a_ranks_world_leaves_it_on_close(model_dir, tmp_path):
     assert done.returncode == 0 and "WORLD KEPT OK" in done.stdout, done.stderr[-3000:]
 
 
-def test_an_engine_layout_other_than_the_one_vllm_read_is_refused(rollout, model_dir):
+def test_an_engine_layout_vllm_cannot_read_again_is_refused(rollout, model_dir, monkeypatch):
+    """The in-process ``rollout`` froze vLLM's variable reads; the engine drops that cache to read
+    the switch again (the vLLM replica test builds an engine of its own processes after it) —
+    where the cache stays, the layout asked for is refused rather than silently swapped."""
+    from vllm import envs
+
+    monkeypatch.setattr(envs, "disable_envs_cache", lambda: None)
+    frozen = functools.cache(envs.__getattr__)
+    frozen("VLLM_ENABLE_V1_MULTIPROCESSING")  # cached as the in-process engine read it
+    monkeypatch.setattr(envs, "__getattr__", frozen)
     before = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
     with pytest.raises(RuntimeError, match="in_process=False, but vLLM had already read"):
         VLLMRollout(model_dir, max_model_len=64, kv_cache_memory_bytes=1 << 20, in_process=False)
