@@ -106,12 +106,14 @@ from flows.train_run import (
 from flows.validate import validate
 from stages.advantage import KL_METRIC
 from stages.config import PPORunConfig
+from stages.health.checks import StepView
+from stages.health.monitor import HealthOutcome, stop_error
 from stages.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
 )
-from stages.metrics.signal import batch_signal_metrics, has_no_signal, no_signal_line
+from stages.metrics.signal import batch_signal_metrics
 from stages.ppo import PPO_STAGES
 from stages.schedules import staleness_metrics
 from stages.stage import StageContext
@@ -173,6 +175,8 @@ class StepOutput(NamedTuple):
     metrics: dict[str, float]
     records: list[StageRecord]
     generations: list[dict[str, Any]]
+    #: the line of a health check with action ``stop`` that tripped at the step, or None
+    health_stop: str | None = None
 
 
 def train_step(run: TrainRun, step: int) -> StepOutput:
@@ -208,8 +212,7 @@ def train_step(run: TrainRun, step: int) -> StepOutput:
     if run.kl_ctrl is not None:
         run.kl_ctrl.update(current_kl=result.metrics[KL_METRIC], n_steps=len(result.batch))
     metrics = step_metrics(result, cfg, step, epoch, planned.gen_rounds)
-    if has_no_signal(metrics):
-        run.progress.warning(no_signal_line(step, metrics))  # the console and the flow run log
+    health = check_health(run, step, metrics, result.batch)
     result.journal.metrics, result.journal.weights = metrics, weights_at_start
     run.store.write_journal(result.journal)
     dump_rollout(cfg.trainer.rollout_data_dir, result.batch, run.tokenizer, step)
@@ -217,7 +220,29 @@ def train_step(run: TrainRun, step: int) -> StepOutput:
     if table_due(step, cfg.trainer.test_freq, run.total_steps):
         groups = cfg.ppoflow.log_train_generations
         generations = train_generation_rows(result.batch, run.tokenizer, step, groups)
-    return StepOutput(metrics, result.records, generations)
+    return StepOutput(metrics, result.records, generations, health.stop)
+
+
+#: each key a PPO stage writes → that stage's name (the health checks name the writer of a bad key)
+STAGE_OF_KEY = {ref.name: stage.name for stage in PPO_STAGES for ref in stage.produces}
+
+
+def check_health(run: TrainRun, step: int, metrics: dict[str, float], batch) -> HealthOutcome:
+    """Run the health checks on the finished step (stages/health): their ``health/*`` metrics
+    join ``metrics``; each warning is a line on the console and in the flow run's log; the
+    checks that cannot run are said once (a warning where the user configured them)."""
+    view = StepView(step, metrics, batch, STAGE_OF_KEY, first=step == 1)
+    outcome = run.health.check(view)
+    metrics.update(outcome.metrics)
+    for name, why in outcome.not_run_configured.items():
+        run.progress.warning(f"health check {name} did not run at step {step}: {why}")
+    for name, why in outcome.not_run.items():
+        logging.getLogger(__name__).info(
+            "health check %s did not run at step %d: %s", name, step, why
+        )
+    for line in outcome.warnings:
+        run.progress.warning(line)
+    return outcome
 
 
 def run_validation(run: TrainRun, step: int) -> tuple[float, dict[str, float]]:
@@ -364,7 +389,7 @@ def _train_steps(run: TrainRun, result: TrainResult, publisher: Publisher) -> No
     last = run.start_step - 1 if cfg.trainer.val_only else run.total_steps
     for step in range(run.start_step, last + 1):
         raise_if_stop_requested()
-        metrics, records, generations = train_step(run, step)
+        metrics, records, generations, health_stop = train_step(run, step)
         val_score = None
         save_due = is_due(step, cfg.trainer.save_freq, run.total_steps)
         if is_due(step, cfg.trainer.test_freq, run.total_steps):
@@ -385,6 +410,9 @@ def _train_steps(run: TrainRun, result: TrainResult, publisher: Publisher) -> No
         )
         run.progress.step(step, metrics)
         result.history.append(metrics)
+        if health_stop is not None:  # the step is saved and logged: stop here
+            publisher.close()
+            raise stop_error(health_stop, step)
     publisher.close()
     record_run_info(run)
 

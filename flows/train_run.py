@@ -47,6 +47,7 @@ from stages.algos.kl_control import get_kl_controller
 from stages.config import PPORunConfig, apply_overrides, load_config
 from stages.data import StatefulPromptLoader, load_tokenizer
 from stages.data.from_config import load_split, train_loader
+from stages.health.monitor import HealthMonitor
 from stages.metrics.sinks import shows_progress
 from stages.ppo import PPO_STAGES
 
@@ -97,6 +98,8 @@ class TrainRun:
     ahead: Any = None
     #: the launched rollouts a resumed checkpoint recorded (``RolloutAhead.state``)
     restored_ahead: dict[str, Any] | None = None
+    #: the run's health checks (stages/health), run on each finished step
+    health: HealthMonitor | None = None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.sinks.log_metrics(metrics, step)
@@ -163,6 +166,7 @@ def _open_started(
     run = TrainRun(cfg, store, tokenizer, val_set, loader, total)
     run.progress = Progress(total, enabled=shows_progress(cfg.trainer.logger))
     run.lineage = WeightsLineage.from_config(cfg)
+    run.health = HealthMonitor(cfg)
     if cfg.algorithm.use_kl_in_reward:
         run.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl)
     run.engines = build_engines(cfg, tokenizer, total, startup)

@@ -13,11 +13,17 @@ from collections.abc import Callable
 from flows.cli.disk_full import explain_disk_full
 from flows.process.server_guard import explain_timeout_setting
 from flows.process.service_waits import explain_startup_timeout
+from stages.health.monitor import explain_health_stop
 
 Explainer = Callable[[BaseException], "str | None"]
 
 #: tried in order; the first line that is not None is printed
-EXPLAINERS: list[Explainer] = [explain_startup_timeout, explain_timeout_setting, explain_disk_full]
+EXPLAINERS: list[Explainer] = [
+    explain_startup_timeout,
+    explain_timeout_setting,
+    explain_disk_full,
+    explain_health_stop,
+]
 
 
 def explain(err: BaseException) -> str | None:

@@ -29,6 +29,7 @@ from stages.algos.kl import kl_penalty_names, unavailable_kl_penalties
 from stages.algos.policy_loss_config import POLICY_LOSSES
 from stages.engines.rollout_backends import ROLLOUT_BACKENDS
 from stages.engines.worker_group import WORKER_BACKENDS
+from stages.health.checks import HEALTH_CHECKS
 from stages.reward.managers import REWARD_MANAGERS
 from stages.schedules import POLICY_SCHEDULES
 
@@ -90,6 +91,10 @@ def _policy_schedule(name: str) -> str:
     return check_registered(name, POLICY_SCHEDULES.names(), "policy schedule")
 
 
+def _health_check(name: str) -> str:
+    return check_registered(name, HEALTH_CHECKS.names(), "health check")
+
+
 #: ``algorithm.adv_estimator``: a name in ``stages.algos.advantages.ADV_ESTIMATORS``
 EstimatorName = Annotated[str, AfterValidator(_estimator)]
 #: ``actor.policy_loss.loss_mode``: a name in ``stages.algos.policy_loss_config.POLICY_LOSSES``
@@ -105,3 +110,5 @@ WorkerBackendName = Annotated[str, AfterValidator(_worker_backend)]
 RewardManagerName = Annotated[str, AfterValidator(_reward_manager)]
 #: ``ppoflow.schedule``: a name in ``stages.schedules.POLICY_SCHEDULES``
 PolicyScheduleName = Annotated[str, AfterValidator(_policy_schedule)]
+#: a key of ``ppoflow.health``: a name in ``stages.health.checks.HEALTH_CHECKS``
+HealthCheckName = Annotated[str, AfterValidator(_health_check)]

@@ -77,6 +77,8 @@ def dotted(loc: Sequence[str | int]) -> str:
 def _describe(item: dict[str, Any], root: type[BaseModel]) -> str:
     """One error dict of pydantic as 'path: what was wrong; what is allowed'."""
     kind, loc, value = item["type"], item["loc"], item.get("input")
+    if loc and loc[-1] == "[key]":  # a mapping's key failed: the key is the path's last part
+        loc = loc[:-1]
     path, ctx = dotted(loc), item.get("ctx") or {}
     if kind == "extra_forbidden":
         return f"{path}: unknown key{_unknown_key_hint(root, loc)}"

@@ -8,7 +8,13 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from dataproto.fingerprint import DEFAULT_DIGEST, Digest
 from stages.config._base import ConfigModel
-from stages.config.choices import PolicyScheduleName, WorkerBackendName, check_registered
+from stages.config.choices import (
+    HealthCheckName,
+    PolicyScheduleName,
+    WorkerBackendName,
+    check_registered,
+)
+from stages.config.schema_health import HealthCheckConfig
 from stages.engines.worker_group import WORKER_BACKENDS
 from stages.metrics.sinks import METRIC_SINKS, missing_package
 
@@ -236,6 +242,13 @@ class PPOFlowConfig(ConfigModel):
     )
     workers: WorkersConfig = Field(
         default_factory=WorkersConfig, description="Engine rank placement (section)"
+    )
+    health: dict[HealthCheckName, HealthCheckConfig] = Field(
+        default_factory=dict,
+        description="Health checks by name (stages.health.HEALTH_CHECKS: non_finite, "
+        "no_learning_signal, reward_all_equal, entropy_collapse, response_clipping, kl_blowup, "
+        "weight_sync, first_step_agreement; docs/health.md), each {action, threshold}; every check runs with its defaults "
+        "unless set here (section)",
     )
     plugins: list[str] = Field(
         default_factory=list,

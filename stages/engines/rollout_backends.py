@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataproto import DataProto
+from dataproto import keys as K
 from stages.registry import Registry
 
 #: generate(actor worker, prompts (B, P) DataProto, SamplingSettings) -> rollout DataProto
@@ -99,13 +100,18 @@ def _hf_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
 
 
 def _vllm_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
-    """The actor's vLLM engine (built on first use, weights synced when stale). With
+    """The actor's vLLM engine (built on first use, weights synced when stale; the probe of
+    its last sync is reported with every rollout as ``rollout/weight_sync/*``,
+    stages/engines/weight_probe.py). With
     ``rollout.free_cache_engine`` it then sleeps at level 2 where vLLM has a sleep mode (not on
     CPU): the KV cache and the weights are freed, not copied to the host, for the update to use;
     the engine is marked stale, so the next rollout wakes it and loads the actor's weights."""
     from stages.engines.roles import on_host
 
-    out = worker.vllm_rollout().generate_sequences(on_host(prompts), settings)
+    engine = worker.vllm_rollout()
+    out = engine.generate_sequences(on_host(prompts), settings)
+    if engine.last_sync is not None:  # the probe of the weights the engine was last sent
+        out.meta_info.setdefault(K.METRICS, {}).update(engine.last_sync.metrics())
     if worker.config.actor_rollout_ref.rollout.free_cache_engine and worker.vllm.sleep(level=2):
         worker.vllm_is_stale = True
     return out

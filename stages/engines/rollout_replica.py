@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from dataproto import DataProto
+from dataproto import keys as K
 from stages.engines.rollout_backends import ROLLOUT_METHODS
 
 
@@ -231,7 +232,10 @@ class VLLMReplica:
 
         _check_method(method)
         settings = call_settings(self.config, self.tokenizer, len(batch), **kwargs)
-        return self.vllm.generate_sequences(batch, settings)
+        out = self.vllm.generate_sequences(batch, settings)
+        if self.vllm.last_sync is not None:  # the probe of its last sync, as the actor's engine
+            out.meta_info.setdefault(K.METRICS, {}).update(self.vllm.last_sync.metrics())
+        return out
 
     def kill(self) -> None:
         """vLLM's engine core stops with its client; a generation it runs is abandoned."""

@@ -57,6 +57,7 @@ from stages.engines.weight_buckets import (
     named_tensors,
     safetensors_buckets,
 )
+from stages.engines.weight_probe import SyncCheck, SyncProbe
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +150,7 @@ class VLLMRollout:
         self.weight_transfer = weight_transfer
         self.allow_truncated_log_probs = allow_truncated_log_probs
         self.max_model_len = max_model_len
+        self.last_sync: SyncCheck | None = None
         # a rank's engine joins the torch.distributed world the rank already has (vLLM builds
         # its groups from it); closing the engine must leave that world to the rank's DeepSpeed
         self._joined_world = torch.distributed.is_initialized()
@@ -259,14 +261,16 @@ class VLLMRollout:
         tensor, as they are (no copy); one in other processes gets safetensors buckets of at
         most ``bucket_bytes``, staged on its device, then one reload — the host never holds the
         whole model. Afterwards the prefix cache is reset, so the next rollout recomputes every
-        prompt's KV with the new weights. Wakes the weights first if the engine sleeps (after
+        prompt's KV with the new weights, and the sync is probed (``last_sync``: the engine's
+        normalisation weights against those sent, bit for bit; None before the first sync). Wakes the weights first if the engine sleeps (after
         a level-2 sleep nothing is copied back: the memory is re-allocated, then overwritten).
         """
         stream = named_tensors(weights)
         first = next(stream, None)
         if first is None:
             raise ValueError("sync_weights got no tensors; pass the actor's state_dict()")
-        stream = itertools.chain([first], stream)
+        probe = SyncProbe()
+        stream = probe.tee(itertools.chain([first], stream))
         if "weights" in self._asleep:
             self.wake_up(["weights"])
         use_tensors = self.weight_transfer == "tensors" or (
@@ -280,6 +284,8 @@ class VLLMRollout:
             counts = self.llm.collective_rpc("ppoflow_load_staged_weights")
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after the weight sync")
+        answers = self.llm.collective_rpc("ppoflow_probe_weights", args=(sorted(probe.sent),))
+        self.last_sync = probe.compare(answers)
         return int(counts[0])
 
     def sleep(self, level: int = 1) -> bool:

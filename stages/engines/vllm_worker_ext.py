@@ -8,7 +8,9 @@ The driver calls the methods with ``llm.collective_rpc(<method>, args=(...,))``:
   ``(name, tensor)`` iterator, consumed by one in-place reload (nothing copied on the way);
 - an engine in other processes (tensors cannot cross its RPC, bytes can):
   ``ppoflow_stage_weights(bucket)`` once per safetensors bucket, each bucket's tensors moved to
-  the model's device at once, then ``ppoflow_load_staged_weights()`` reloads from them.
+  the model's device at once, then ``ppoflow_load_staged_weights()`` reloads from them;
+- after either, ``ppoflow_probe_weights(names)``: digests of the tensors the sync probe checks
+  (``stages.engines.weight_probe``).
 
 Why one ``reload_weights`` over all tensors and not one per bucket: the in-place reload restores
 every layer to checkpoint format, loads, then re-processes every layer (on CPU, vLLM re-packs
@@ -88,6 +90,14 @@ class WeightSyncExtension:
         if current_platform.is_cpu() and quant_method is not None:
             quant_method.process_weights_after_loading(lm_head)
         return count
+
+    def ppoflow_probe_weights(self, names: list[str]) -> dict:
+        """The digests of the model's tensors among ``names``, by vLLM's parameter names
+        (``stages.engines.weight_probe.engine_digests``), for the sync probe."""
+        from stages.engines.weight_probe import engine_digests
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        return engine_digests(model.named_parameters(), names)
 
     def ppoflow_stage_weights(self, bucket: bytes) -> int:
         """Keep one safetensors bucket's tensors, on the model's device, for

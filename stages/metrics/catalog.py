@@ -45,6 +45,7 @@ PLACEHOLDERS = {
     "tool_response_too_long|interaction_done|interaction_error|user_turn_too_long",
     "tool": "[^/]+",
     "system_metric": ".+",
+    "check": "[a-z0-9_]+",  # a name in stages.health.checks.HEALTH_CHECKS
 }
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
@@ -180,6 +181,24 @@ _ENTRIES = [
         "Updates between the weights that generated a sample and the weights that train on it: step − 1 − policy_version of each row (0 on policy; 1 one step off, 0 in step 1; at most D + T − 1 fully async).",
         "rows of the step batch",
         "train flow, from the step input's policy_version column (stages/schedules.py)",
+    ),
+    (
+        "rollout/weight_sync/probed",
+        "The probe of the rollout engine's last weight sync (vLLM), reported with every rollout after it: the tensors it compared, summed over the engine's workers (the normalisation weights, stages/engines/weight_probe.py). Absent before the first sync.",
+        "none (a count of tensors)",
+        "vllm rollout backend, after a weight sync",
+    ),
+    (
+        "rollout/weight_sync/mismatched",
+        "Of rollout/weight_sync/probed, the tensors whose engine copy differs bit for bit from the tensor sent cast to the engine's dtype: > 0 is a sync that did not take (the weight_sync health check). NaN when nothing could be probed.",
+        "none (a count of tensors)",
+        "vllm rollout backend, after a weight sync",
+    ),
+    (
+        "health/{check}",
+        "1.0 when the health check tripped at the step, 0.0 when it ran and did not; absent when it did not run (action off, a metric it reads not logged or NaN, first_step_agreement after step 1). The checks and their thresholds: docs/health.md.",
+        "none (one step's verdict)",
+        "train flow, after each step (stages/health)",
     ),
     (
         "timing_s/{stage}",

@@ -8,7 +8,8 @@ dynamic sampling): how much of the step can move the policy at all.
 - ``signal/zero_adv_sample_frac``: samples whose advantage is 0 at every response token
   (response_mask = 1) ÷ samples with at least one response token (``signal/response_samples``).
   NaN when no sample has a response token. 1.0 means the step's policy gradient is zero (only
-  an entropy or KL term can move the weights): the step had no learning signal.
+  an entropy or KL term can move the weights): the step had no learning signal (the
+  ``no_learning_signal`` health check, stages/health).
 - ``train/num_gen_batches``: generation rounds the step ran (1 without dynamic sampling).
 """
 
@@ -79,15 +80,6 @@ def batch_signal_metrics(batch: DataProto, gen_rounds: int) -> dict[str, float]:
         tensors[K.RESPONSE_MASK],
         gen_rounds,
     )
-
-
-def has_no_signal(metrics: dict[str, float]) -> bool:
-    """True when every sample with a response has advantage 0 everywhere (``ZERO_ADV`` = 1).
-
-    >>> has_no_signal({ZERO_ADV: 1.0}), has_no_signal({ZERO_ADV: 0.5})
-    (True, False)
-    """
-    return metrics.get(ZERO_ADV) == 1.0
 
 
 def no_signal_line(step: int, metrics: dict[str, float]) -> str:

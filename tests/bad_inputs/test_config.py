@@ -151,6 +151,16 @@ CASES = [
      None, ["ppoflow.schedule=fully_async", "async_training.require_batches=2"],
      ["data.train_batch_size = 64 but async_training.require_batches = 2 × "
       "actor.ppo_mini_batch_size = 64 prompts make a trainer step; set data.train_batch_size = 128"]),
+    ("health-unknown-check", "a `ppoflow.health` key that names no health check", None,
+     ["ppoflow.health.entropy_colapse.action=stop"],
+     ["ppoflow.health.entropy_colapse: got 'entropy_colapse'; did you mean 'entropy_collapse'? "
+      "allowed: 'entropy_collapse', 'first_step_agreement'"]),
+    ("health-threshold-type", "a health-check threshold of the wrong type", None,
+     ["ppoflow.health.kl_blowup.threshold=high"],
+     ["ppoflow.health.kl_blowup.threshold: got 'high' (str); expected a number"]),
+    ("health-action", "a health-check action that is none of warn, stop, off", None,
+     ["ppoflow.health.kl_blowup.action=halt"],
+     ["ppoflow.health.kl_blowup.action: got 'halt'; allowed: 'warn', 'stop' or 'off'"]),
     ("two-problems", "two bad overrides: both reported in one round", None,
      ["trainer.nope=1", "data.train_batch_size=x"], ["(demo-cpu + 2 overrides): 2 problems"]),
 ]  # fmt: skip

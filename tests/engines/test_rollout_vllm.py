@@ -172,6 +172,8 @@ def test_greedy_equals_hf_before_and_after_weight_sync(rollout, hf_model):
             parameter.add_(0.5 * parameter.std().nan_to_num(0.02) * torch.randn_like(parameter))
     loaded = rollout.sync_weights(perturbed.state_dict())
     assert loaded == len(perturbed.state_dict())
+    probed = rollout.last_sync  # 2 layers × 2 norms + the final norm, all as sent
+    assert (probed.probed, probed.mismatched) == (5, ())
     after = rollout.generate_sequences(prompts, greedy).batch
     assert not torch.equal(after["responses"], before), "the sync changed nothing in the engine"
     assert torch.equal(after["responses"], hf_greedy(perturbed, prompts))
@@ -193,7 +195,29 @@ def test_greedy_equals_hf_before_and_after_weight_sync(rollout, hf_model):
         rollout.sync_weights(hf_model.named_parameters(), bucket_bytes=bucket)
     finally:
         rollout.weight_transfer = "auto"
+    assert rollout.last_sync.mismatched == () and rollout.last_sync is not probed
     assert torch.equal(rollout.generate_sequences(prompts, greedy).batch["responses"], before)
+
+
+def test_a_sync_that_loaded_nothing_is_named_by_its_probe(rollout, hf_model, monkeypatch):
+    """The fault the weight_sync health check is for: a reload that silently skips its tensors
+    (planted: the worker reads the stream and loads nothing), so the engine keeps its weights."""
+    from stages.engines.vllm_worker_ext import WeightSyncExtension, checked_stream
+
+    monkeypatch.setattr(
+        WeightSyncExtension,
+        "ppoflow_load_weights",
+        lambda self, payload: sum(1 for _ in checked_stream(payload)),
+    )
+    moved = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for name, parameter in moved.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.mul_(1.5)
+    rollout.sync_weights(moved.state_dict())
+    check = rollout.last_sync
+    assert check.probed == 5 and len(check.mismatched) == 5
+    assert "model.norm.weight" in check.mismatched
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour: vLLM has no sleep mode there")
@@ -285,6 +309,7 @@ def multiprocess_sync_check(model_dir: str) -> None:
             for parameter in hf_model.parameters():
                 parameter.mul_(1.2)
         engine.sync_weights(hf_model.state_dict())
+        assert engine.last_sync.mismatched == ()  # probed through the RPC
         after = engine.generate_sequences(prompts, greedy).batch["responses"]
         assert not torch.equal(after, before)
         assert torch.equal(after, hf_greedy(hf_model, prompts))

@@ -55,5 +55,10 @@ def test_greedy_on_the_replica_equals_the_actors_hf_greedy_after_each_sync(
             settings = call_settings(config, actor.tokenizer, len(prompts), greedy=True)
             want = generate_sequences(actor.lm, prompts, settings)  # HF on the actor's module
             assert torch.equal(got.batch["responses"], want.batch["responses"]), change
+            probe = got.meta_info["metrics"]  # the sync probed across the engine core's process
+            assert probe == {
+                "rollout/weight_sync/probed": 5.0,
+                "rollout/weight_sync/mismatched": 0.0,
+            }
     finally:
         replica.close()

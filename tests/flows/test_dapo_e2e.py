@@ -178,6 +178,7 @@ def test_a_step_without_signal_says_so_without_dynamic_sampling(
     assert (metrics[GEN_ROUNDS], metrics[ZERO_SPREAD], metrics[ZERO_ADV]) == (1.0, 1.0, 1.0)
     lines = [line for line in capsys.readouterr().out.splitlines() if "learning signal" in line]
     assert lines == [
-        "warning: step 1 has no learning signal: all 8 samples have advantage 0 (4 of 4 groups "
+        "warning: health check no_learning_signal: step 1 has no learning signal: all 8 "
+        "samples have advantage 0 (4 of 4 groups "
         "have zero reward spread); the policy gradient is zero"
     ]
