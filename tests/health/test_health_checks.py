@@ -250,3 +250,34 @@ def test_a_nan_metric_is_nothing_to_judge_not_a_trip():
     outcome = HealthMonitor(config()).check(view({"signal/zero_adv_sample_frac": math.nan}))
     assert "health/no_learning_signal" not in outcome.metrics and outcome.warnings == []
     assert outcome.not_run == {}
+
+
+def test_the_plugin_check_of_the_docs_is_configured_and_trips(tmp_path):
+    """docs/health.md's "Writing a check" block, as a ppoflow.plugins module, in a fresh
+    interpreter (the registry is process-wide): selectable by name, run with its threshold."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    docs = (repo / "docs" / "health.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```python\n(.*?)```", docs, flags=re.S)
+    (tmp_path / "short_check.py").write_text(block, encoding="utf-8")
+    code = f"""
+import torch
+from dataproto import DataProto
+from stages.config import load_config
+from stages.health.checks import StepView
+from stages.health.monitor import HealthMonitor
+config = load_config({str(repo / "configs" / "demo-cpu.yaml")!r},
+                     ["ppoflow.plugins=[short_check]", "ppoflow.health.too_short.action=stop"])
+view = StepView(4, {{"response_length/mean": 1.5}}, DataProto.from_dict({{"x": torch.zeros(1)}}))
+print(HealthMonitor(config).check(view).stop)
+"""
+    env = {"PYTHONPATH": f"{tmp_path}:{repo}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "health check too_short: step 4: responses average 1.5 tokens"
