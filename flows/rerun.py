@@ -15,8 +15,9 @@
 4. the stages from ``from_stage`` on run as cached stage tasks (``flows.step_flow.run_step``):
    with unchanged config and inputs they hit the cache, otherwise they compute. ``--refresh``
    recomputes them regardless;
-5. the step's metrics (the stages', and data / timing / throughput when the batch reached the
-   advantage stage) are compared with the parent's journal: ``metric_diff`` (flows/rerun_diff.py; with ``--to``,
+5. the step's metrics (the stages', and data / timing / throughput and the health checks'
+   ``health/*`` when the batch reached the advantage stage; a check that trips is a warning in
+   the log, never a stop) are compared with the parent's journal: ``metric_diff`` (flows/rerun_diff.py; with ``--to``,
    only the metrics the re-run produced; metrics of the stages after it are not changes);
 6. with ``mlflow`` in ``trainer.logger``, the branch is an MLflow run (``log_branch_run``, flows/rerun_diff.py)
    in the parent's experiment (``trainer.project_name``) and, unless
@@ -99,10 +100,12 @@ from flows.runs.store import (
 )
 from flows.stage_task import StageOutcome, check_reusable, run_stage
 from flows.step_flow import StepFlow, StepResult, run_step
-from flows.train import step_metrics
+from flows.train import STAGE_OF_KEY, step_metrics
 from stages.config import PPORunConfig, apply_overrides, validate_config
 from stages.engines.checkpoint import checkpoint_dir
 from stages.engines.checkpoint_manifest import verify_checkpoint
+from stages.health.checks import StepView
+from stages.health.monitor import HealthMonitor
 from stages.metrics.signal import GEN_ROUNDS
 from stages.ppo import PPO_STAGES
 from stages.reward.stage import LOOP_ENGINE, MODEL_ENGINE
@@ -503,6 +506,11 @@ def run_branch_step(
         epoch = int(journal.metrics.get("training/epoch", 0))
         rounds = int(journal.metrics.get(GEN_ROUNDS, 1))  # the parent's generation rounds
         metrics = step_metrics(result, cfg, step, epoch, rounds)
+        view = StepView(step, metrics, result.batch, STAGE_OF_KEY, first=step == 1)
+        health = HealthMonitor(cfg).check(view)  # the training's checks, as metrics and lines
+        metrics.update(health.metrics)
+        for line in [*health.warnings, *([health.stop] if health.stop else [])]:
+            log.warning(line)
     result.journal.metrics, result.journal.weights = metrics, dict(journal.weights)
     store.write_journal(result.journal)
     return result, metrics, list(engines.built)
@@ -518,9 +526,12 @@ def _rerun(
     refresh: bool = False,
     verify: Verify = "full",
     gen_round: int | None = None,
+    mlflow_parent: str | None = None,
 ) -> RerunResult:
     """Re-run stages of step ``step`` of ``run_dir`` (module docstring); with ``gen_round``, of
-    that generation round of a step with dynamic sampling (flows/rerun_rounds.py)."""
+    that generation round of a step with dynamic sampling (flows/rerun_rounds.py); with
+    ``mlflow_parent``, the branch's MLflow run is nested under that run (a sweep's,
+    flows/rerun_sweep.py)."""
     check_stage_name(from_stage, "--from")
     parent = RunStore(run_dir)
     if not parent.exists(CONFIG_FILE):
@@ -565,7 +576,9 @@ def _rerun(
             changes = metric_diff(original, metrics)
             mlflow_run_id = None
             if "mlflow" in cfg.trainer.logger:
-                mlflow_run_id = log_branch_run(cfg, parent, store, info, metrics, changes)
+                mlflow_run_id = log_branch_run(
+                    cfg, parent, store, info, metrics, changes, mlflow_parent
+                )
     except BaseException:
         remove_notes(notes)
         raise

@@ -121,21 +121,52 @@ def diff_rows(changes: Sequence[MetricChange]) -> list[dict[str, Any]]:
     ]
 
 
-def branch_tags(parent: RunStore, parent_info: Mapping[str, Any], uri: str, info: dict) -> dict:
-    """The parent tags of a branch run (module docstring, step 6)."""
-    tags = {
-        "ppoflow.parent_run_dir": parent.root,
-        "ppoflow.rerun.step": str(info["step"]),
-        "ppoflow.rerun.from": info["from"],
-        "ppoflow.rerun.to": info["to"],
-        "ppoflow.rerun.overrides": json.dumps(info["overrides"]),
-    }
+def branch_parent_tags(parent: RunStore, parent_info: Mapping[str, Any], uri: str) -> dict:
+    """The tags that tie a run made from ``parent`` to it: its directory and, when it recorded
+    an MLflow run, that run (``mlflow.parentRunId`` too when both are in the store ``uri``, so
+    the UI nests the run under it)."""
+    tags = {"ppoflow.parent_run_dir": parent.root}
     parent_run = parent_info.get("mlflow_run_id")
     if parent_run:
         tags["ppoflow.parent_mlflow_run_id"] = parent_run
         if parent_info.get("mlflow_tracking_uri") == uri:
             tags["mlflow.parentRunId"] = parent_run
     return tags
+
+
+def branch_tags(
+    parent: RunStore,
+    parent_info: Mapping[str, Any],
+    uri: str,
+    info: dict,
+    mlflow_parent: str | None = None,
+) -> dict:
+    """The parent tags of a branch run (module docstring, step 6); with ``mlflow_parent`` (a
+    sweep's run, flows/rerun_sweep.py) the branch is nested under that run instead."""
+    tags = {
+        **branch_parent_tags(parent, parent_info, uri),
+        "ppoflow.rerun.step": str(info["step"]),
+        "ppoflow.rerun.from": info["from"],
+        "ppoflow.rerun.to": info["to"],
+        "ppoflow.rerun.overrides": json.dumps(info["overrides"]),
+    }
+    if mlflow_parent is not None:
+        tags["mlflow.parentRunId"] = tags["ppoflow.sweep_mlflow_run_id"] = mlflow_parent
+    return tags
+
+
+def branch_tracking_uri(cfg: PPORunConfig, parent: RunStore) -> tuple[str, dict[str, Any]]:
+    """The store a run made from ``parent`` logs to (module docstring, step 6), and the
+    parent's run_info ({} when it has none)."""
+    from flows.sinks.mlflow_store import select_tracking_uri
+
+    parent_info = parent.load_run_info() if parent.exists(RUN_INFO_FILE) else {}
+    uri = select_tracking_uri(
+        cfg.ppoflow.mlflow_tracking_uri,
+        cfg.ppoflow.artifact_dir,
+        recorded=parent_info.get("mlflow_tracking_uri"),
+    )
+    return uri, parent_info
 
 
 def log_branch_run(
@@ -145,22 +176,19 @@ def log_branch_run(
     info: dict,
     metrics: Mapping[str, float],
     changes: Sequence[MetricChange],
+    mlflow_parent: str | None = None,
 ) -> str | None:
-    """Log the branch as an MLflow run (module docstring, step 6); its run id, or None while
-    the store is unreachable (then what was logged is in the branch's mlflow_pending.jsonl)."""
+    """Log the branch as an MLflow run (module docstring, step 6; a sweep's branch under the
+    sweep's run ``mlflow_parent``); its run id, or None while the store is unreachable (then
+    what was logged is in the branch's mlflow_pending.jsonl)."""
     from flows.sinks.mlflow_logger import MLflowLogger
-    from flows.sinks.mlflow_store import select_tracking_uri
 
-    parent_info = parent.load_run_info() if parent.exists(RUN_INFO_FILE) else {}
-    uri = select_tracking_uri(
-        cfg.ppoflow.mlflow_tracking_uri,
-        cfg.ppoflow.artifact_dir,
-        recorded=parent_info.get("mlflow_tracking_uri"),
-    )
+    uri, parent_info = branch_tracking_uri(cfg, parent)
     name = f"{cfg.trainer.experiment_name}-rerun-step{info['step']}-{info['from']}"
     local_dir = store.root if store.is_local else None
     with MLflowLogger(cfg.trainer.project_name, name, run_dir=local_dir, tracking_uri=uri) as sink:
-        sink.set_tags({**run_tags(cfg, store.root), **branch_tags(parent, parent_info, uri, info)})
+        tags = branch_tags(parent, parent_info, uri, info, mlflow_parent)
+        sink.set_tags({**run_tags(cfg, store.root), **tags})
         sink.log_params(cfg)
         sink.log_metrics(metrics, info["step"])
         sink.log_table(diff_rows(changes), "metric_diff.json")
@@ -177,7 +205,9 @@ __all__ = [
     "TIMING_PREFIXES",
     "UNCOMPARED",
     "MetricChange",
+    "branch_parent_tags",
     "branch_tags",
+    "branch_tracking_uri",
     "compared_names",
     "diff_rows",
     "format_diff",

@@ -1,10 +1,12 @@
-"""``ppoflow rerun RUN_DIR --step K --from STAGE [--to STAGE] [key=value …] [--run-dir NEW]``.
+"""``ppoflow rerun RUN_DIR --step K --from STAGE [--to STAGE] [key=value …] [--run-dir NEW]
+[--sweep KEY=V1,V2,… …]``.
 
 Recomputes stages of one past step into a new run directory (flows/rerun.py), prints which
 stages ran, were cached or reused, and the metric diff against the original; the last line
 printed is the new run directory. Exit status: 0 on success; 2 for a bad config or argument; 1
 for any other failure, with a one-line error on stderr. The run branched from is only read, and a
-refused or failed re-run leaves no new run directory (flows/rerun.py).
+refused or failed re-run leaves no new run directory (flows/rerun.py). With ``--sweep`` one
+branch per point of the grid, the table of metrics × branches (flows/rerun_sweep.py).
 """
 
 from __future__ import annotations
@@ -64,10 +66,32 @@ def rerun_command(
             "round's stages (rollout, reward) instead of the step's training stages",
         ),
     ] = None,
+    sweeps: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sweep",
+            help="KEY=V1,V2,…: one branch per value (several --sweep: every combination) in "
+            "a sweep directory (--run-dir); prints metrics × branches, the original first",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Recompute stages of a past step into a new run dir and diff its metrics; the last line
-    printed is the new run directory."""
+    printed is the new run directory (with --sweep: the sweep directory)."""
+    if sweeps:
+        sweep_command(
+            run_dir,
+            step,
+            from_stage,
+            sweeps,
+            overrides,
+            to_stage,
+            new_run_dir,
+            refresh,
+            gen_round,
+            verbose,
+        )
+        return
     from flows.rerun import rerun
 
     with quiet_prefect(verbose), config_messages():
@@ -88,9 +112,54 @@ def rerun_command(
     typer.echo(result.run_dir)
 
 
+def describe_sweep(result) -> str:
+    """Each branch (its overrides, stage statuses and directory), then the metrics × branches
+    table (a ``flows.rerun_sweep.SweepResult``), as printed by the command."""
+    from flows.rerun_sweep import ORIGINAL, format_table, label
+
+    lines = [f"sweep of step {result.step} of {result.parent_dir}: {len(result.branches)} branches"]
+    columns = {ORIGINAL: ORIGINAL}
+    for i, (point, branch) in enumerate(zip(result.points, result.branches, strict=True)):
+        ran = [r.stage for r in branch.result.records if r.status == "ran"]
+        columns[label(point)] = f"b{i}"
+        lines.append(
+            f"  b{i}  {label(point)}: ran {', '.join(ran) or 'nothing'} → {branch.run_dir}"
+        )
+    lines.append(format_table(result.rows, columns))
+    return "\n".join(lines)
+
+
+def sweep_command(
+    run_dir: str,
+    step: int,
+    from_stage: str,
+    sweeps: list[str],
+    overrides: list[str] | None,
+    to_stage: str | None,
+    sweep_dir: str | None,
+    refresh: bool,
+    gen_round: int | None,
+    verbose: bool,
+) -> None:
+    """``ppoflow rerun … --sweep``: the branches of the grid, the table, the sweep directory."""
+    from flows.rerun_sweep import sweep
+
+    with quiet_prefect(verbose), config_messages():
+        try:
+            if gen_round is not None:
+                raise ValueError("--sweep re-runs a step's training stages; leave out --round")
+            result = sweep(
+                run_dir, step, from_stage, sweeps, to_stage, overrides or [], sweep_dir, refresh
+            )
+        except Exception as err:
+            raise fail_in_one_line(err, verbose, usage_errors=(ValueError, ConfigError)) from None
+    typer.echo(describe_sweep(result))
+    typer.echo(result.sweep_dir)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``rerun`` command to the ``ppoflow`` app."""
     app.command("rerun")(rerun_command)
 
 
-__all__ = ["describe", "register", "rerun_command"]
+__all__ = ["describe", "describe_sweep", "register", "rerun_command", "sweep_command"]

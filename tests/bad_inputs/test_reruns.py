@@ -114,3 +114,37 @@ def test_a_journal_naming_an_artifact_outside_its_run_is_refused(
            f"{finished.run} (as ppoflow writes it)", "restore it", input=described,
            console=console())  # fmt: skip
     assert not out.exists()
+
+
+SWEEP_CASES = [
+    ("sweep-key-unknown", "`rerun RUN --step 1 --from advantage --sweep algorithm.adv_estimater=grpo,rloo`",
+     ["algorithm.adv_estimater=grpo,rloo"],
+     2, ["invalid config (branch algorithm.adv_estimater=grpo): algorithm.adv_estimater: "
+         "unknown key"]),
+    ("sweep-value-invalid", "`rerun … --sweep algorithm.adv_estimator=grpo,nope`: a value that fails validation",
+     ["algorithm.adv_estimator=grpo,nope"],
+     2, ["invalid config (branch algorithm.adv_estimator=nope)", "algorithm.adv_estimator: got 'nope'"]),
+    ("sweep-before-from", "`rerun … --from advantage --sweep actor_rollout_ref.rollout.temperature=0.5,1`: a stage before --from",
+     ["actor_rollout_ref.rollout.temperature=0.5,1"],
+     2, ["--sweep actor_rollout_ref.rollout.temperature is read by the rollout stage(s), before "
+         "--from advantage", "pass --from rollout"]),
+    ("sweep-not-a-grid", "`rerun … --sweep algorithm.adv_estimator`: no values",
+     ["algorithm.adv_estimator"], 2, ["--sweep 'algorithm.adv_estimator' is not KEY=V1,V2,…"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("described", "sweeps", "code", "needles"),
+    [pytest.param(*case[1:], id=case[0]) for case in SWEEP_CASES],
+)
+def test_a_bad_sweep_is_refused_before_any_branch_runs(
+    ppoflow, expect, unchanged, finished, tmp_path, described, sweeps, code, needles
+):
+    out = tmp_path / "sweep"
+    args = [flag for sweep in sweeps for flag in ("--sweep", sweep)]
+    with unchanged(*finished.dirs):
+        result = ppoflow(
+            "rerun", finished.run, "--step", "1", "--from", "advantage", *args, "--run-dir", out
+        )
+    expect(result, code, *needles, input=described)
+    assert not out.exists()

@@ -190,7 +190,10 @@ def test_the_actor_generates_with_the_configured_entry(backends) -> None:
 
 
 class SleepyEngine:
-    """What ``_vllm_generate`` uses of a ``VLLMRollout``: generate, then sleep (level recorded)."""
+    """What ``_vllm_generate`` uses of a ``VLLMRollout``: generate, the last sync's probe (none
+    yet), then sleep (level recorded)."""
+
+    last_sync = None
 
     def __init__(self, has_sleep_mode: bool) -> None:
         self.has_sleep_mode, self.levels = has_sleep_mode, []

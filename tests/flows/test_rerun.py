@@ -252,3 +252,94 @@ def test_cli_prints_the_diff_and_the_new_run_dir_last(parent_run, tmp_path):
     assert lines[-1] == str(tmp_path / "cli")
     assert any(line.startswith("critic/advantages/") for line in lines)
     assert any("reused from" in line for line in lines)
+
+
+ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+CLIP_RATIOS = ("0.1", "0.3")
+
+
+def test_a_sweep_of_three_estimators_by_two_clip_ratios(parent_run, tmp_path, model_calls):
+    """Issue 42's sweep: 6 branches of step 2 from the advantage, the stages before it computed
+    once (the original's, reused by every branch), one table, and in MLflow one sweep run with
+    the table and the 6 branches as its children, under the original's run."""
+    from mlflow.tracking import MlflowClient
+
+    sweep_dir = tmp_path / "sweep"
+    outcome = CliRunner().invoke(
+        app,
+        [
+            "rerun", parent_run["run_dir"], "--step", "2", "--from", "advantage",
+            "--sweep", f"algorithm.adv_estimator={','.join(ESTIMATORS)}",
+            "--sweep", f"actor_rollout_ref.actor.clip_ratio={','.join(CLIP_RATIOS)}",
+            "--run-dir", str(sweep_dir),
+        ],
+    )  # fmt: skip
+    assert outcome.exit_code == 0, outcome.output
+    lines = outcome.output.strip().splitlines()
+    assert lines[-1] == str(sweep_dir)
+    labels = [f"adv_estimator={e} clip_ratio={c}" for e in ESTIMATORS for c in CLIP_RATIOS]
+    legend = [line.split(":")[0].split(None, 1) for line in lines if line.startswith("  b")]
+    assert legend == [[f"b{i}", label] for i, label in enumerate(labels)]  # in grid order
+    header = next(line for line in lines if line.startswith("metric "))
+    assert header.split() == ["metric", "original", *(f"b{i}" for i in range(6))]
+    pg_loss = next(line for line in lines if line.startswith("actor/pg_loss "))
+    assert len(pg_loss.split()) == 8
+
+    parent = RunStore(parent_run["run_dir"]).read_journal(2)
+    for i in range(6):
+        branch = RunStore(str(sweep_dir / f"branch-{i}")).read_journal(2)
+        for stage in UPSTREAM_OF_ADVANTAGE:  # the original's artifacts, not computed again
+            reused = branch.record(stage)
+            assert reused.status == "cached" and reused.reason.startswith("reused from")
+            assert reused.artifact == parent.record(stage).artifact
+        estimator = ESTIMATORS[i // len(CLIP_RATIOS)]  # the original's estimator: a cache hit
+        advantage = "cached" if estimator == "grpo" else "ran"
+        assert [branch.record(s).status for s in ("advantage", "update_actor")] == [
+            advantage,
+            "ran",
+        ]
+    assert model_calls == ["ActorWorker.update_actor"] * 6  # no rollout, no log-prob pass
+
+    info = json.loads((Path(parent_run["run_dir"]) / "run_info.json").read_text())
+    client = MlflowClient(tracking_uri=info["mlflow_tracking_uri"])
+    experiment = client.get_run(info["mlflow_run_id"]).info.experiment_id
+    (sweep,) = client.search_runs([experiment], "tags.`ppoflow.sweep.step` = '2'")
+    assert sweep.data.tags["mlflow.parentRunId"] == info["mlflow_run_id"]
+    assert sweep.info.status == "FINISHED"
+    children = client.search_runs(
+        [experiment], f"tags.`mlflow.parentRunId` = '{sweep.info.run_id}'"
+    )
+    assert len(children) == 6
+    table = json.loads(
+        Path(client.download_artifacts(sweep.info.run_id, "sweep.json", str(tmp_path))).read_text()
+    )
+    assert table["columns"][:2] == ["metric", "original"] and len(table["columns"]) == 8
+
+
+def test_a_sweep_over_a_stage_before_from_is_refused_and_writes_nothing(parent_run, tmp_path):
+    outcome = CliRunner().invoke(
+        app,
+        [
+            "rerun", parent_run["run_dir"], "--step", "2", "--from", "advantage",
+            "--sweep", "actor_rollout_ref.rollout.temperature=0.5,1.0",
+            "--sweep", "algorithm.adv_estimator=grpo,rloo",
+            "--run-dir", str(tmp_path / "sweep"),
+        ],
+    )  # fmt: skip
+    assert outcome.exit_code == 2
+    assert outcome.output.strip().splitlines() == [
+        "error: ValueError: --sweep actor_rollout_ref.rollout.temperature is read by the rollout "
+        "stage(s), before --from advantage: every branch would reuse the original's artifacts; "
+        "pass --from rollout"
+    ]
+    bad_value = CliRunner().invoke(
+        app,
+        [
+            "rerun", parent_run["run_dir"], "--step", "2", "--from", "advantage",
+            "--sweep", "algorithm.adv_estimator=grpo,nope", "--run-dir", str(tmp_path / "sweep"),
+        ],
+    )  # fmt: skip
+    assert bad_value.exit_code == 2
+    assert "error: invalid config (branch algorithm.adv_estimator=nope)" in bad_value.output
+    assert "algorithm.adv_estimator: got 'nope'" in bad_value.output
+    assert not (tmp_path / "sweep").exists()
