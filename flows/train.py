@@ -92,8 +92,8 @@ from flows.sinks.generations_dump import dump_rollout, dump_validation
 from flows.sinks.progress import SCORE
 from flows.sinks.publisher import Publisher
 from flows.sinks.step_report import flow_run_tag, publish_step_report, report_key
+from flows.sinks.train_generations import PAGE, step_page, table_due, train_generation_rows
 from flows.sinks.train_generations import TABLE as TRAIN_TABLE
-from flows.sinks.train_generations import table_due, train_generation_rows
 from flows.step_flow import StepFlow, StepResult, describe_source, run_step
 from flows.train_run import (
     TrainRun,
@@ -292,13 +292,20 @@ def publish_step(
     generations: list[dict[str, Any]] | None = None,
 ) -> None:
     """The step's metrics → the metric sinks, its training-generations table's rows (if any) →
-    the sinks' tables, its markdown report → a Prefect artifact keyed
+    the sinks' tables with the same groups' sample page (flows/runs/sample_page.py), its
+    markdown report → a Prefect artifact keyed
     ``<experiment>-<flow run tag>-step-<k>`` with the run directory and ``val_score`` (the
     step's validation score, None when it did not validate); on the publishing thread,
     flows/sinks/publisher.py."""
     run.log(metrics, step)
     if generations:
         run.sinks.log_table(generations, TRAIN_TABLE.format(step=step))
+        try:
+            page = step_page(run.store, step, run.tokenizer, [row["uid"] for row in generations])
+        except (ValueError, OSError) as err:  # a page is a view: the run goes on without it
+            logging.getLogger(__name__).warning("step %d's sample page not logged: %s", step, err)
+        else:
+            run.sinks.log_text(page, PAGE.format(step=step))
     key = report_key(run.cfg.trainer.experiment_name, flow_run_tag(), step)
     publish_step_report(
         step, records, metrics, mlflow_run_id, key=key, run_dir=run.store.root, val_score=val_score

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -78,10 +79,19 @@ def inspect(
             "extra, …) has the string value VALUE, e.g. acc=1.0; repeat to require several.",
         ),
     ] = None,
+    html_out: Annotated[
+        str | None,
+        typer.Option(
+            "--html",
+            help="Run directory, with --step: write the step's samples as one self-contained "
+            "HTML page to this file (each token coloured by its advantage, ratio or log-prob; "
+            "filters by score and group)",
+        ),
+    ] = None,
 ) -> None:
     """Describe a run directory (steps × stages: ran / cached / skipped, sizes, key metrics) or an
     artifact (manifest, schema, per-key statistics, token ledger); with --samples, a step's
-    samples."""
+    samples; with --html, a page of them."""
     from flows.runs import report as run_report
     from flows.runs.report import RunReportError
 
@@ -89,6 +99,15 @@ def inspect(
         kind = run_report.path_kind(path)
     except RunReportError as err:
         raise _fail(str(err)) from None
+    if html_out is not None:
+        if kind == "artifact" or step is None or stage is not None or samples is not None:
+            raise _fail(
+                "--html writes one step of a run directory: give the run directory and --step K "
+                "(without --stage or --samples)",
+                code=2,
+            )
+        inspect_html(path, step, html_out, verify)
+        return
     if samples is not None or sort is not None or where:
         check_sample_options(path, kind, step, stage, samples)
         inspect_samples(path, step, samples, sort, where or [], as_json, verify)
@@ -197,6 +216,33 @@ def inspect_samples(
         typer.echo(json.dumps(document, indent=1, allow_nan=False))
     else:
         typer.echo(samples_render.samples_text(found, shown, matched, conditions, order, decoder))
+
+
+def inspect_html(path: str, step: int, out: str, verify: VerifyMode) -> None:
+    """Write step ``step``'s samples page to ``out`` (flows/runs/sample_page.py); prints the
+    file. A run whose tokenizer cannot be loaded is an error: the page shows text."""
+    from flows.runs import samples as step_samples
+    from flows.runs.sample_page import render_page
+    from flows.runs.store import RunStore
+
+    store = RunStore(path)
+    try:
+        found = step_samples.load_step_samples(store, step, verify=verify.value)
+    except ValueError as err:  # RunReportError, ArtifactError
+        raise _fail(str(err)) from None
+    decoder = step_samples.load_decoder(store)
+    if decoder.tokenizer is None:
+        raise _fail(f"--html needs the run's tokenizer to show text: {decoder.problem}")
+    target = Path(out)
+    if target.is_dir():
+        raise _fail(
+            f"--html {out} is a directory; name the page's file, e.g. {out}/step_{step}.html",
+            code=2,
+        )
+    page = render_page(found, decoder)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(page, encoding="utf-8")
+    typer.echo(str(target))
 
 
 def parse_lengths(text: str) -> list[int]:

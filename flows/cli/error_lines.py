@@ -13,7 +13,7 @@ from collections.abc import Callable
 from flows.cli.disk_full import explain_disk_full
 from flows.process.server_guard import explain_timeout_setting
 from flows.process.service_waits import explain_startup_timeout
-from stages.health.monitor import explain_health_stop
+from stages.health.stop import explain_health_stop
 
 Explainer = Callable[[BaseException], "str | None"]
 

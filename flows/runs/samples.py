@@ -26,6 +26,11 @@ A :class:`Sample` is one generation row:
   ``data_source``, the extras, ``agent_stop_reason``, …) as ``str(value)``, for ``--where``.
 - ``turns``: a multi-turn agent rollout's ``agent_turns`` (``stages/agent/trajectory.py``: role,
   span in ``responses``, calls, results, seconds), else None.
+- ``tokens``: per response position (as long as ``response_ids``): ``advantage`` (the advantage
+  stage's ``advantages``), ``log_prob`` (the rollout's ``rollout_log_probs``: the sampler's
+  log-probability of the token it chose) and, when the step has an ``old_log_prob`` artifact,
+  ``ratio`` = exp(``old_log_probs`` − ``rollout_log_probs``) (the trainer's probability of the
+  token over the rollout's; 1 in bypass mode). Per-token entropy is not kept by any stage.
 
 Texts are decoded with the run's tokenizer (``actor_rollout_ref.model.tokenizer_path`` of its
 ``config.json``, a relative path read from the directory the run started in, as ``ppoflow export``
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -56,8 +61,11 @@ from stages.stage import Stage
 SortKey = Literal["score", "advantage"]
 #: the stages whose artifacts a step's samples are joined from
 NEEDED = ("rollout", "reward", "advantage")
+#: joined too when the step has their artifact
+OPTIONAL = ("old_log_prob",)
 ADVANTAGE_RULE = "mean of advantages over the row's response_mask"
 TOKENIZER_KEYS = ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path")
+IDS_SHOWN = "token ids shown instead of text"
 
 
 @dataclass
@@ -74,6 +82,7 @@ class Sample:
     extras: dict[str, Any]
     columns: dict[str, str]
     turns: list[dict[str, Any]] | None = None
+    tokens: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -110,7 +119,8 @@ def _needed_records(
             )
     store.check_journal_paths(journal)
     ran = [record for record in journal.stages if record.artifact is not None]
-    return journal, ran, {name: recorded[name] for name in NEEDED}
+    found = [name for name in OPTIONAL if recorded.get(name) and recorded[name].artifact]
+    return journal, ran, {name: recorded[name] for name in (*NEEDED, *found)}
 
 
 def checked_permutation(data: DataProto, key: str, rows: int, stage: str) -> np.ndarray:
@@ -265,6 +275,7 @@ def _samples(
     )
     extras = _extras(list(extra_keys), [sources["reward"], sources["rollout"]])
     turns = _extras([AGENT_TURNS], [sources["rollout"]]).get(AGENT_TURNS)
+    tokens = token_values(sources)
     return [
         Sample(
             row=i,
@@ -277,9 +288,22 @@ def _samples(
             extras={name: values[i] for name, values in extras.items()},
             columns={name: values[i] for name, values in columns.items()},
             turns=None if turns is None else list(turns[i]),
+            tokens={name: values[i, : lengths[i]].tolist() for name, values in tokens.items()},
         )
         for i in range(len(step_input))
     ]
+
+
+def token_values(sources: dict[str, tuple[DataProto, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """The per-token values of :attr:`Sample.tokens`, each (B, R) in generation order."""
+    values = {"advantage": _rows(sources["advantage"], K.ADVANTAGES).float()}
+    rollout = sources["rollout"]
+    if K.ROLLOUT_LOG_PROBS in rollout[0].batch:
+        values["log_prob"] = _rows(rollout, K.ROLLOUT_LOG_PROBS).float()
+        if "old_log_prob" in sources:
+            old = _rows(sources["old_log_prob"], K.OLD_LOG_PROBS).float()
+            values["ratio"] = torch.exp(old - values["log_prob"])
+    return values
 
 
 # --- choosing which to show --------------------------------------------------------------------
@@ -345,6 +369,13 @@ class Decoder:
     path: str | None
     note: str | None = None
 
+    @property
+    def problem(self) -> str | None:
+        """Why there is no tokenizer (the note without its framing), or None."""
+        if self.note is None:
+            return None
+        return self.note.removeprefix("note: ").removesuffix(f"; {IDS_SHOWN}")
+
     def text(self, ids: Sequence[int]) -> str | None:
         """The ids decoded, special tokens kept; None without a tokenizer."""
         if self.tokenizer is None:
@@ -381,12 +412,10 @@ def load_decoder(store: RunStore) -> Decoder:
     try:
         config = store.load_config()
     except (FileNotFoundError, ValueError) as err:
-        return Decoder(None, None, f"note: no tokenizer ({err}); token ids shown instead of text")
+        return Decoder(None, None, f"note: no tokenizer ({err}); {IDS_SHOWN}")
     path = _config_value(config, TOKENIZER_KEYS[0]) or _config_value(config, TOKENIZER_KEYS[1])
     if path is None:
-        return Decoder(
-            None, None, f"note: {TOKENIZER_KEYS[0]} is not set; token ids shown instead of text"
-        )
+        return Decoder(None, None, f"note: {TOKENIZER_KEYS[0]} is not set; {IDS_SHOWN}")
     if store.is_local:
         from flows.export import run_path
 
@@ -400,6 +429,5 @@ def load_decoder(store: RunStore) -> Decoder:
         return Decoder(
             None,
             str(path),
-            f"note: the run's tokenizer {path} could not be loaded "
-            f"({reason}); token ids shown instead of text",
+            f"note: the run's tokenizer {path} could not be loaded ({reason}); {IDS_SHOWN}",
         )

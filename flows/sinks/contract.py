@@ -55,6 +55,8 @@ class MetricSink(Protocol):
 
     def log_dict(self, data: Any, artifact_file: str) -> None: ...
 
+    def log_text(self, text: str, artifact_file: str) -> None: ...
+
     def log_plots(self, history: list[Mapping[str, float]]) -> Any: ...
 
     def close(self, status: str = "FINISHED") -> None: ...
@@ -62,7 +64,7 @@ class MetricSink(Protocol):
 
 class SinkDefaults:
     """No run id, and no-op ``continue_run`` / ``set_tags`` / ``log_params`` / ``log_table`` /
-    ``log_dict`` / ``log_plots``, for a sink without them."""
+    ``log_dict`` / ``log_text`` / ``log_plots``, for a sink without them."""
 
     run_id: str | None = None
 
@@ -79,6 +81,9 @@ class SinkDefaults:
         return None
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
+        return None
+
+    def log_text(self, text: str, artifact_file: str) -> None:
         return None
 
     def log_plots(self, history: list[Mapping[str, float]]) -> None:

@@ -111,6 +111,9 @@ class MetricSinks:
     def log_dict(self, data: Any, artifact_file: str) -> None:
         self._each(lambda sink: sink.log_dict(data, artifact_file), artifact_file)
 
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self._each(lambda sink: sink.log_text(text, artifact_file), artifact_file)
+
     def log_plots(self, history: list[Mapping[str, float]]) -> None:
         self._each(lambda sink: sink.log_plots(history), "the end-of-run plots")
 

@@ -287,6 +287,9 @@ class MLflowProcessSink:
     def log_dict(self, data: Any, artifact_file: str) -> None:
         self._call("log_dict", data, artifact_file)
 
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self._call("log_text", text, artifact_file)
+
     def log_plots(self, history: list[Mapping[str, float]]) -> Any:
         """The plots report; None when the process was lost and the plots wait for the next."""
         return self._call("log_plots", [dict(metrics) for metrics in history])

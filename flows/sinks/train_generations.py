@@ -19,10 +19,15 @@ group-relative advantage reads is in the table. One row per sample:
 The step's final batch holds all of these in one row order (the balance stage reordered the whole
 batch), so no join is needed here; ``ppoflow inspect RUN --step K --samples N`` reads the same
 values from the artifacts.
+
+Beside each table, the same groups' samples as a page (``train_samples/step_<K>.html``,
+:func:`step_page`: flows/runs/sample_page.py, each response token coloured by its advantage,
+ratio or log-prob), joined from the step's artifacts in generation order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -34,6 +39,8 @@ from flows.sinks.generations_dump import decode_masked, reward_extras
 
 #: the table's artifact file; zero-padded, so the files sort by step
 TABLE = "train_generations/step_{step:06d}.json"
+#: the sample page's artifact file
+PAGE = "train_samples/step_{step:06d}.html"
 
 
 def table_due(step: int, test_freq: int, last: int) -> bool:
@@ -92,3 +99,18 @@ def train_generation_rows(
 
 
 __all__ = ["TABLE", "first_groups", "table_due", "train_generation_rows"]
+
+
+def step_page(store: Any, step: int, tokenizer: Any, uids: Iterable[Any]) -> str:
+    """The sample page of step ``step``'s samples of the prompt groups ``uids`` (the table's), in
+    generation order, from the run's artifacts (``flows.runs.samples.load_step_samples``, sizes
+    checked)."""
+    from dataclasses import replace
+
+    from flows.runs.sample_page import render_page
+    from flows.runs.samples import Decoder, load_step_samples
+
+    found = load_step_samples(store, step, verify="lazy")
+    wanted = {str(uid) for uid in uids}
+    chosen = [sample for sample in found.samples if sample.columns.get("uid") in wanted]
+    return render_page(replace(found, samples=chosen), Decoder(tokenizer, None))

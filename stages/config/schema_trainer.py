@@ -216,8 +216,10 @@ class PPOFlowConfig(ConfigModel):
         ge=0,
         description="Prompt groups of the training batch (every sample of each) logged as the "
         "table train_generations/step_<K>.json, with score, advantage, response length and the "
-        "reward extras, at step 1, at every validation step (trainer.test_freq) and at the last "
-        "step, to the sinks that take tables (MLflow); 0 = none (count)",
+        "reward extras, and as the sample page train_samples/step_<K>.html (each token coloured "
+        "by its advantage, ratio or log-prob), at step 1, at every validation step "
+        "(trainer.test_freq) and at the last step, to the sinks that take tables (MLflow); 0 = "
+        "none (count)",
     )
     cache: bool = Field(
         True, description="Reuse a stage's stored output when its cache key matches (bool)"

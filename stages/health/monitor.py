@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stages.health.checks import HEALTH_CHECKS, HealthCheck, StepView
+from stages.health.stop import HealthCheckStop, explain_health_stop, stop_error
 
 
 @dataclass(frozen=True)
@@ -111,19 +112,12 @@ class HealthMonitor:
         return outcome
 
 
-class HealthCheckStop(RuntimeError):
-    """A check with action ``stop`` tripped; the message is its line and how to go on."""
-
-
-def stop_error(line: str, step: int) -> HealthCheckStop:
-    """The error that ends the run after ``step`` was saved and logged."""
-    name = line.removeprefix("health check ").split(":", 1)[0]
-    return HealthCheckStop(
-        f"{line} — the run stopped after step {step}; fix the cause and resume from the last "
-        f"checkpoint, or set ppoflow.health.{name}.action=warn to train on"
-    )
-
-
-def explain_health_stop(err: BaseException) -> str | None:
-    """The command line's error line for a health stop: its message as it is."""
-    return str(err) if isinstance(err, HealthCheckStop) else None
+__all__ = [
+    "CheckSetting",
+    "HealthCheckStop",
+    "HealthMonitor",
+    "HealthOutcome",
+    "check_settings",
+    "explain_health_stop",
+    "stop_error",
+]

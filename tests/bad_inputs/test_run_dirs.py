@@ -9,6 +9,7 @@ added (the damaged file stays as damaged), and a refused re-run writes no branch
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,34 @@ def test_training_into_a_finished_run_with_a_missing_data_file_keeps_the_run(
         )  # fmt: skip
     expect(result, 1, f"data file not found: '{tmp_path}/none.parquet'",
            input="`train … --run-dir RUN` into a finished run, a missing data file")  # fmt: skip
+
+
+def without_tokenizer(finished, target: Path) -> Path:
+    """A copy of the finished run whose config names a model directory that is gone."""
+    shutil.copytree(finished.run, target)
+    config = json.loads((target / "config.json").read_text())
+    config["actor_rollout_ref"]["model"]["path"] = str(target / "gone")
+    config["actor_rollout_ref"]["model"]["tokenizer_path"] = None
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+def test_html_of_a_run_whose_tokenizer_is_gone_writes_nothing(
+    ppoflow, expect, unchanged, finished, tmp_path
+):
+    run = without_tokenizer(finished, tmp_path / "copy")
+    out = tmp_path / "page.html"
+    with unchanged(run):
+        result = ppoflow("inspect", run, "--step", "1", "--html", out)
+    expect(result, 1, "--html needs the run's tokenizer to show text: the run's tokenizer "
+           f"{run / 'gone'} could not be loaded",
+           input="`inspect RUN --step 1 --html OUT`, the run's tokenizer directory gone")  # fmt: skip
+    assert not out.exists()
+
+
+def test_html_without_a_step_is_a_usage_error(ppoflow, expect, finished, tmp_path):
+    out = tmp_path / "page.html"
+    result = ppoflow("inspect", finished.run, "--html", out)
+    expect(result, 2, "--html writes one step of a run directory: give the run directory and "
+           "--step K", input="`inspect RUN --html OUT` without --step")  # fmt: skip
+    assert not out.exists()

@@ -131,6 +131,20 @@ def test_mlflow_run_holds_registry_metrics_params_and_artifacts(
     for uid in {row["uid"] for row in rows}:  # GRPO: a group's advantages are its scores, centred
         group = [row for row in rows if row["uid"] == uid]
         assert sum(row["advantage"] or 0.0 for row in group) == pytest.approx(0.0, abs=1e-5)
+    # the same groups as a sample page each time (flows/runs/sample_page.py)
+    pages = {item.path for item in client.list_artifacts(run.info.run_id, "train_samples")}
+    assert pages == {"train_samples/step_000001.html", "train_samples/step_000002.html"}
+    page = Path(
+        mlflow.artifacts.download_artifacts(
+            run_id=run.info.run_id,
+            artifact_path="train_samples/step_000002.html",
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+            dst_path=str(tmp_path / "pages"),
+        )
+    ).read_text(encoding="utf-8")
+    data = json.loads(page.split('id="data">', 1)[1].split("</script>", 1)[0])
+    assert data["step"] == 2 and len(data["samples"]) == 4
+    assert {s["uid"] for s in data["samples"]} == {row["uid"] for row in rows}
     tables = json.loads(run.data.tags["mlflow.loggedArtifacts"])
     assert {t["path"] for t in tables} == generations | trained
     assert {t["type"] for t in tables} == {"table"}
