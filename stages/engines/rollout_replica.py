@@ -38,6 +38,7 @@ from torch import Tensor
 from dataproto import DataProto
 from dataproto import keys as K
 from stages.engines.rollout_backends import ROLLOUT_METHODS
+from stages.engines.weight_probe import SyncCheck, SyncProbe, engine_digests, is_probed
 
 
 def _check_method(method: str) -> None:
@@ -78,6 +79,7 @@ class ProcessReplica:
         self._process.start()
         child.close()
         self._buffers: dict[str, Tensor] | None = None
+        self.last_sync: SyncCheck | None = None  # the probe of the last sync (weight_probe)
 
     @property
     def pid(self) -> int | None:
@@ -87,17 +89,18 @@ class ProcessReplica:
         """Copy ``weights`` (name, full tensor) into the replica; the first sync hands it the
         shared buffers, later ones fill them and tell it so. Call it only while no generation
         runs."""
+        probe = SyncProbe()
         if self._buffers is None:
             self._buffers = {
                 name: tensor.detach().to("cpu", copy=True).share_memory_()
-                for name, tensor in weights
+                for name, tensor in probe.tee(weights)
             }
-            self._ask(("weights", self._buffers))
+            self.last_sync = probe.compare([self._ask(("weights", self._buffers))])
             return
         with torch.no_grad():
-            for name, tensor in weights:
+            for name, tensor in probe.tee(weights):
                 self._buffers[name].copy_(tensor)
-        self._ask(("synced", None))
+        self.last_sync = probe.compare([self._ask(("synced", None))])
 
     def call(self, method: str, batch: DataProto, **kwargs: Any) -> DataProto:
         """``generate_sequences(batch, **kwargs)`` on the replica's weights (the actor worker's
@@ -108,7 +111,9 @@ class ProcessReplica:
         if self._buffers is None:
             raise RuntimeError("the rollout replica has no weights yet: sync it first")
         settings = call_settings(self.config, self.tokenizer, len(batch), **kwargs)
-        return DataProto.from_dict(self._ask(("generate", (_as_tensors(batch), settings))))
+        out = DataProto.from_dict(self._ask(("generate", (_as_tensors(batch), settings))))
+        out.meta_info[K.METRICS] = self.last_sync.metrics()  # the probe of its last sync
+        return out
 
     def _ask(self, message: tuple) -> Any:
         try:
@@ -144,7 +149,8 @@ class ProcessReplica:
 
 def serve_replica(conn: Any, spec: dict[str, Any], threads: int) -> None:
     """The replica process: load the model, then answer each message ``(kind, body)`` —
-    ``weights`` (name → shared buffer, the first sync), ``synced`` (the buffers were refilled),
+    ``weights`` (name → shared buffer, the first sync), ``synced`` (the buffers were refilled):
+    both answered with the digests of the sync probe (``stages.engines.weight_probe``),
     ``generate`` ((prompt tensors, settings)), ``close`` — with ``("ok", answer)`` or
     ``("error", traceback)``, until the pipe closes."""
     torch.set_num_threads(threads)
@@ -172,8 +178,10 @@ def serve_replica(conn: Any, spec: dict[str, Any], threads: int) -> None:
                     raise KeyError(f"the sync lacks parameters {missing[:5]}")
                 buffers = body
                 _load(params, buffers, device)
+                answer = engine_digests(lm.named_parameters(), filter(is_probed, params))
             elif kind == "synced":
                 _load(params, buffers, device)
+                answer = engine_digests(lm.named_parameters(), filter(is_probed, params))
             else:
                 tensors, settings = body
                 answer = _as_tensors(generate_sequences(lm, DataProto.from_dict(tensors), settings))

@@ -21,7 +21,8 @@ not compute them is told once that the check cannot run there, never silently pa
 - ``weight_sync``: ``rollout/weight_sync/mismatched`` of the rollout engine's last weight sync
   (probed tensors whose engine copy differs from the tensor sent, cast to the engine's dtype,
   stages/engines/weight_probe.py) > threshold (0): a sync that silently did nothing. Runs from
-  the first step after a sync into an engine (vLLM); an HF rollout reads the actor's module.
+  the first step after a sync into an engine (vLLM's, or a schedule's rollout replica); the
+  on-policy HF rollout reads the actor's module.
 - ``first_step_agreement`` (the run's first step only): the trainer's log-probs of the rollout's
   tokens (``old_log_probs``) against the rollout's own (``rollout_log_probs``), over response
   tokens: k3 KL = mean(exp(Δ) − 1 − Δ), Δ = old − rollout, > threshold (0.01), with max |Δ| in

@@ -184,15 +184,15 @@ _ENTRIES = [
     ),
     (
         "rollout/weight_sync/probed",
-        "The probe of the rollout engine's last weight sync (vLLM), reported with every rollout after it: the tensors it compared, summed over the engine's workers (the normalisation weights, stages/engines/weight_probe.py). Absent before the first sync.",
+        "The probe of the rollout engine's last weight sync (vLLM's, or a schedule's rollout replica), reported with every rollout after it: the tensors it compared, summed over the engine's workers (the normalisation weights, stages/engines/weight_probe.py). Absent before the first sync.",
         "none (a count of tensors)",
-        "vllm rollout backend, after a weight sync",
+        "the vllm rollout backend and the rollout replicas, after a weight sync",
     ),
     (
         "rollout/weight_sync/mismatched",
         "Of rollout/weight_sync/probed, the tensors whose engine copy differs bit for bit from the tensor sent cast to the engine's dtype: > 0 is a sync that did not take (the weight_sync health check). NaN when nothing could be probed.",
         "none (a count of tensors)",
-        "vllm rollout backend, after a weight sync",
+        "the vllm rollout backend and the rollout replicas, after a weight sync",
     ),
     (
         "health/{check}",

@@ -103,3 +103,26 @@ def test_before_its_first_sync_it_refuses_and_it_ends_with_the_trainers_pipe(
     replica._conn.close()  # as when the trainer's process dies: the child's recv sees EOF
     replica._process.join(timeout=120)
     assert replica._process.exitcode == 0
+
+
+def test_each_sync_is_probed_and_one_that_reached_nothing_is_named(actor, replica, prompts) -> None:
+    """The weight_sync health check's probe on the replica: after a sync its normalisation
+    weights are the ones sent; planted fault: the trainer fills buffers the replica does not
+    share (the sync reaches nothing), so the replica keeps its weights."""
+    replica.sync(actor.full_weights().items())
+    assert (replica.last_sync.probed, replica.last_sync.mismatched) == (5, ())
+    out = replica.call("generate_sequences", prompts, seed=3)
+    assert out.meta_info["metrics"] == {
+        "rollout/weight_sync/probed": 5.0,
+        "rollout/weight_sync/mismatched": 0.0,
+    }
+    shared = replica._buffers
+    replica._buffers = {name: buffer.clone() for name, buffer in shared.items()}
+    try:
+        moved = {name: tensor + 0.5 for name, tensor in actor.full_weights().items()}
+        replica.sync(moved.items())
+        assert len(replica.last_sync.mismatched) == 5
+    finally:
+        replica._buffers = shared
+        replica.sync(actor.full_weights().items())
+    assert replica.last_sync.mismatched == ()

@@ -400,6 +400,37 @@ def test_an_artifact_directory_with_samples_is_a_usage_error(run):
     assert "is an artifact directory; --samples, --sort and --where" in line
 
 
+def page_of(run, step: int, out: Path) -> dict:
+    result = inspect(run.root, "--step", step, "--html", out)
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == str(out)
+    page = out.read_text(encoding="utf-8")
+    return json.loads(page.split('id="data">', 1)[1].split("</script>", 1)[0])
+
+
+def test_the_html_page_holds_each_response_with_its_own_values(run, tmp_path):
+    """The page joins like --samples: generation order, each row's own score and advantage on
+    every token of its response_mask."""
+    data = page_of(run, 1, tmp_path / "step1.html")
+    assert data["step"] == 1 and list(data["channels"]) == ["advantage"]  # no log-probs stored
+    rows = data["samples"]
+    assert ["".join(t["t"] for t in s["tokens"]) for s in rows] == RESPONSES
+    assert [s["score"] for s in rows] == pytest.approx(SCORES)
+    assert [s["uid"] for s in rows] == UIDS
+    for sample, advantage in zip(rows, ADVANTAGES, strict=True):
+        assert {t["advantage"] for t in sample["tokens"]} == {advantage}
+    assert data["channels"]["advantage"]["scale"] == 1.5
+
+
+def test_the_html_page_of_an_agent_step_greys_the_tools_tokens(run, tmp_path):
+    data = page_of(run, 2, tmp_path / "step2.html")
+    first = data["samples"][0]["tokens"]
+    text = "".join(t["t"] for t in first)
+    assert text == "".join(turn for _, turn, _ in TURNS)
+    tool = [t["m"] for t in first][len(CALL_TEXT) : len(CALL_TEXT) + len("alpha")]
+    assert tool == [0] * len("alpha")
+
+
 def test_inspect_without_samples_prints_what_it_did(run):
     """The calls without --samples print what flows/runs/report.py returns, as before."""
     assert inspect(run.root).stdout == run_report.run_table(run) + "\n"
