@@ -38,7 +38,7 @@ test: install
 test-slow: install
 	$(PY) -m pytest -m 'slow and not gpu'
 
-# Every kill -9 point (CI's test-slow runs a representative 11 of the 36, and 2 of the 8 points
+# Every kill -9 point (CI's test-slow runs a representative 11 of the 36, and 2 of the 15 points
 # of the schedules with rollouts launched ahead): run it before resolving
 # work that touches resume, checkpoints, artifacts or the stage flow.
 test-kill-matrix: install

@@ -516,6 +516,18 @@ def run_branch_step(
     return result, metrics, list(engines.built)
 
 
+def open_parent(run_dir: str) -> tuple[RunStore, PPORunConfig]:
+    """The run to branch from and its validated config; ValueError when ``run_dir`` is not a
+    run directory."""
+    parent = RunStore(run_dir)
+    if not parent.exists(CONFIG_FILE):
+        raise ValueError(
+            f"{parent.root} is not a ppoflow run directory (no {CONFIG_FILE}); pass the "
+            "directory that ppoflow train printed last"
+        )
+    return parent, validate_config(parent.load_config(), f"{parent.root}/{CONFIG_FILE}")
+
+
 def _rerun(
     run_dir: str,
     step: int,
@@ -533,13 +545,7 @@ def _rerun(
     ``mlflow_parent``, the branch's MLflow run is nested under that run (a sweep's,
     flows/rerun_sweep.py)."""
     check_stage_name(from_stage, "--from")
-    parent = RunStore(run_dir)
-    if not parent.exists(CONFIG_FILE):
-        raise ValueError(
-            f"{parent.root} is not a ppoflow run directory (no {CONFIG_FILE}); pass the "
-            "directory that ppoflow train printed last"
-        )
-    parent_cfg = validate_config(parent.load_config(), f"{parent.root}/{CONFIG_FILE}")
+    parent, parent_cfg = open_parent(run_dir)
     planned = planned_stages(parent_cfg, gen_round, from_stage)
     stages, before = stage_window(from_stage, to_stage, planned)
     cfg = apply_overrides(parent_cfg, list(overrides)) if overrides else parent_cfg

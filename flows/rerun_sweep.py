@@ -35,13 +35,14 @@ from flows.rerun import (
     RerunResult,
     _rerun,
     check_stage_name,
+    open_parent,
     stage_window,
 )
 from flows.rerun_diff import metric_diff
 from flows.rerun_rounds import planned_stages
-from flows.runs.store import CONFIG_FILE, RunStore
+from flows.runs.store import RunStore
 from flows.step_flow import StepFlow
-from stages.config import ConfigError, PPORunConfig, apply_overrides, validate_config
+from stages.config import ConfigError, PPORunConfig, apply_overrides
 from stages.ppo import PPO_STAGES
 
 ORIGINAL = "original"
@@ -260,13 +261,7 @@ def _sweep(
     ``sweeps`` (module docstring)."""
     check_stage_name(from_stage, "--from")
     axes = parse_axes(sweeps)
-    parent = RunStore(run_dir)
-    if not parent.exists(CONFIG_FILE):
-        raise ValueError(
-            f"{parent.root} is not a ppoflow run directory (no {CONFIG_FILE}); pass the "
-            "directory that ppoflow train printed last"
-        )
-    parent_cfg = validate_config(parent.load_config(), f"{parent.root}/{CONFIG_FILE}")
+    parent, parent_cfg = open_parent(run_dir)
     _, before = stage_window(from_stage, to_stage, planned_stages(parent_cfg, None, from_stage))
     points = check_branches(parent_cfg, axes, overrides, from_stage, before)
     root = RunStore(sweep_dir or default_sweep_dir(parent.root, step, from_stage))

@@ -14,7 +14,9 @@ Two schedules (flows/rollout_ahead.py) on configs/demo-cpu.yaml at the tiny size
 One uninterrupted ``ppoflow train`` per schedule (the baseline) first; then, for each kill
 point, a second one whose process group is SIGKILLed there (tests/flows/killpoints/
 sitecustomize.py), and ``ppoflow resume RUN_DIR`` in place from step 2's checkpoint.
-``rollout.start:N`` is the N-th rollout's start (the launches on the lane's thread).
+``rollout.start:N`` is the N-th rollout's start (the launches on the lane's thread);
+``replica.sync:N`` / ``replica.synced:N`` the N-th weight sync of the replica (the first is θ_0's
+when the replica opens), before it and once it returned.
 
 Each must end with the baseline's actor weights at the last step bit for bit; the same step
 inputs (fingerprints) and responses in every step — the ledger: every prompt trained exactly
@@ -71,6 +73,13 @@ POINTS = (
     ("fully_async", "rollout.start:5"),  # batch 5 launched in step 3 after its sync
     ("fully_async", "update_actor.start:4"),  # step 4 (no sync), batch 6 in flight or done
     ("fully_async", "checkpoint.saved:1"),  # step 2's checkpoint (batches 3, 4) complete
+    ("one_step_off", "replica.sync:3"),  # step 3 about to sync θ_2 into the replica
+    ("one_step_off", "replica.synced:4"),  # step 4's sync of θ_3 done, batch 5 not launched
+    ("one_step_off", "old_log_prob.start:3"),  # step 3's trainer log-probs, batch 4 in flight
+    ("one_step_off", "advantage.computed:3"),  # step 3's advantages computed, not yet written
+    ("fully_async", "replica.sync:2"),  # step 3's sync of θ_2, batches 3 and 4 launched
+    ("fully_async", "replica.synced:2"),  # step 3's sync of θ_2 done, batch 5 not launched
+    ("fully_async", "reward.start:4"),  # step 4 (no sync) scores batch 4, batch 6 in flight
 )
 #: the part CI runs, one point per schedule: an update beside a launched rollout, and a launch on
 #: the lane's thread

@@ -41,6 +41,9 @@ Points (``<stage>`` is a stage name of flows/step_flow.py, e.g. ``rollout``, ``u
                            ``ScorerPool.map`` call to its workers (the call's first
                            ``_dispatch`` returned; the tool sandbox's pool is not counted); the
                            detail names the stage and step entered last
+``replica.sync``           a rollout replica (``stages.engines.rollout_replica``) is about to
+                           take a weight sync (on the main thread or the lane's)
+``replica.synced``         the replica's sync returned (it holds the new weights)
 =========================  ===================================================================
 
 A point of the main thread first waits for the publishing thread to finish the step it is
@@ -103,6 +106,7 @@ STAGE_POINTS = ("start", "computed", "write")
 AGENT_POINTS = ("round", "tools")
 DAPO_POINTS = ("round",)
 REWARD_POOL_POINTS = ("sent",)
+REPLICA_POINTS = ("sync", "synced")
 FAULT_TARGETS = ("reward", "sandbox", "mlflow", "prefect-server", "main")
 FAULT_SIGNALS = ("SIGKILL", "SIGSTOP")
 EFFECT_BOUND_S = 10.0  # how long a fault waits for its signal to take effect
@@ -124,8 +128,9 @@ def parse(spec: str) -> tuple[str, int]:
         or (area == "agent" and phase in AGENT_POINTS)
         or (area == "dapo" and phase in DAPO_POINTS)
         or (area == "reward" and phase in REWARD_POOL_POINTS)
+        or (area == "replica" and phase in REPLICA_POINTS)
         or (
-            area not in ("checkpoint", "publish", "agent", "dapo")
+            area not in ("checkpoint", "publish", "agent", "dapo", "replica")
             and bool(area)
             and phase in STAGE_POINTS
         )
@@ -135,7 +140,8 @@ def parse(spec: str) -> tuple[str, int]:
             f"PPOFLOW_TEST_KILL_AT={spec!r}: expected <point>:<n> with n ≥ 1 and point one of "
             f"<stage>.{{{','.join(STAGE_POINTS)}}}, checkpoint.{{{','.join(CHECKPOINT_POINTS)}}}, "
             f"publish.{{{','.join(PUBLISH_POINTS)}}}, agent.{{{','.join(AGENT_POINTS)}}}, "
-            f"dapo.{{{','.join(DAPO_POINTS)}}}, reward.{{{','.join(REWARD_POOL_POINTS)}}}"
+            f"dapo.{{{','.join(DAPO_POINTS)}}}, reward.{{{','.join(REWARD_POOL_POINTS)}}}, "
+            f"replica.{{{','.join(REPLICA_POINTS)}}}"
         )
     return point, int(count)
 
@@ -516,6 +522,12 @@ def _patch_gen_rounds(module: Any) -> None:
     )
 
 
+def _patch_replicas(module: Any) -> None:
+    for cls in (module.ProcessReplica, module.VLLMReplica):
+        sync = _before(cls.sync, lambda replica, _weights: ("replica.sync", type(replica).__name__))
+        cls.sync = _after(sync, lambda replica, _weights: ("replica.synced", type(replica).__name__))
+
+
 PATCHES: dict[str, Callable[[Any], None]] = {
     "flows.gen_rounds": _patch_gen_rounds,
     "flows.stage_task": _patch_stage_task,
@@ -528,6 +540,7 @@ PATCHES: dict[str, Callable[[Any], None]] = {
     "stages.agent.loop": _patch_agent_loop,
     "stages.agent.sandbox": _patch_sandbox,
     "stages.reward.pool": _patch_reward_pool,
+    "stages.engines.rollout_replica": _patch_replicas,
 }
 
 
