@@ -104,7 +104,6 @@ from flows.train import STAGE_OF_KEY, step_metrics
 from stages.config import PPORunConfig, apply_overrides, validate_config
 from stages.engines.checkpoint import checkpoint_dir
 from stages.engines.checkpoint_manifest import verify_checkpoint
-from stages.health.checks import StepView
 from stages.health.monitor import HealthMonitor
 from stages.metrics.signal import GEN_ROUNDS
 from stages.ppo import PPO_STAGES
@@ -506,9 +505,8 @@ def run_branch_step(
         epoch = int(journal.metrics.get("training/epoch", 0))
         rounds = int(journal.metrics.get(GEN_ROUNDS, 1))  # the parent's generation rounds
         metrics = step_metrics(result, cfg, step, epoch, rounds)
-        view = StepView(step, metrics, result.batch, STAGE_OF_KEY, first=step == 1)
-        health = HealthMonitor(cfg).check(view)  # the training's checks, as metrics and lines
-        metrics.update(health.metrics)
+        # the training's checks, as metrics and lines
+        health = HealthMonitor(cfg).check_step(step, metrics, result.batch, STAGE_OF_KEY)
         for line in [*health.warnings, *([health.stop] if health.stop else [])]:
             log.warning(line)
     result.journal.metrics, result.journal.weights = metrics, dict(journal.weights)

@@ -106,7 +106,6 @@ from flows.train_run import (
 from flows.validate import validate
 from stages.advantage import KL_METRIC
 from stages.config import PPORunConfig
-from stages.health.checks import StepView
 from stages.health.monitor import HealthOutcome, stop_error
 from stages.metrics import (
     compute_data_metrics,
@@ -231,9 +230,7 @@ def check_health(run: TrainRun, step: int, metrics: dict[str, float], batch) -> 
     """Run the health checks on the finished step (stages/health): their ``health/*`` metrics
     join ``metrics``; each warning is a line on the console and in the flow run's log; the
     checks that cannot run are said once (a warning where the user configured them)."""
-    view = StepView(step, metrics, batch, STAGE_OF_KEY, first=step == 1)
-    outcome = run.health.check(view)
-    metrics.update(outcome.metrics)
+    outcome = run.health.check_step(step, metrics, batch, STAGE_OF_KEY)
     for name, why in outcome.not_run_configured.items():
         run.progress.warning(f"health check {name} did not run at step {step}: {why}")
     for name, why in outcome.not_run.items():

@@ -82,6 +82,15 @@ class HealthMonitor:
         self._reported = False
         self._tripping: set[str] = set()  # warn checks that tripped at the step they last ran
 
+    def check_step(
+        self, step: int, metrics: dict[str, float], batch: Any, producers: Mapping[str, str]
+    ) -> HealthOutcome:
+        """:meth:`check` of a finished step (step 1 is the run's first); the checks' ``health/*``
+        metrics are added to ``metrics``."""
+        outcome = self.check(StepView(step, metrics, batch, producers, first=step == 1))
+        metrics.update(outcome.metrics)
+        return outcome
+
     def check(self, view: StepView) -> HealthOutcome:
         """Run every check that applies to ``view`` (module docstring)."""
         outcome = HealthOutcome()
