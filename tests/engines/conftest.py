@@ -73,6 +73,31 @@ def encode_prompts():
     return prompt_batch
 
 
+def tiny_actor_config(model_dir: Path, *extra: str):
+    """configs/demo-cpu.yaml on the tiny model at ``model_dir``, sized for one actor's tests: 2
+    prompts per step in mini-batches of 1, micro-batches of 2, 6 response tokens; ``extra``
+    overrides last."""
+    from stages.config import load_config
+
+    return load_config(
+        Path(__file__).resolve().parents[2] / "configs" / "demo-cpu.yaml",
+        [
+            f"actor_rollout_ref.model.path={model_dir}",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "data.max_response_length=6",
+            *extra,
+        ],
+    )
+
+
+@pytest.fixture(scope="session")
+def actor_config():
+    """``f(model_dir, *extra overrides) -> config``: :func:`tiny_actor_config`."""
+    return tiny_actor_config
+
+
 @pytest.fixture
 def make_rollout_batch():
     """The :func:`rollout_batch` builder, for tests (conftest modules are not importable)."""

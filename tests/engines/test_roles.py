@@ -16,18 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def demo_config(tmp_path_factory):
-    model_dir = make_tiny_model(tmp_path_factory.mktemp("model"))
-    return load_config(
-        REPO / "configs" / "demo-cpu.yaml",
-        [
-            f"actor_rollout_ref.model.path={model_dir}",
-            "data.train_batch_size=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "data.max_response_length=6",
-        ],
-    )
+def demo_config(tmp_path_factory, actor_config):
+    return actor_config(make_tiny_model(tmp_path_factory.mktemp("model")))
 
 
 def test_actor_rollout_logprobs_update_round(demo_config, encode_prompts):

