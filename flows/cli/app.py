@@ -11,61 +11,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
 
 import flows.cli
+from flows.cli._group import OneLineUsageErrors, click, one_line_usage_errors
 from flows.version import version_line
-
-try:  # typer ≥ 0.25 parses with its own copy of click, whose exceptions are the ones raised
-    from typer import _click as click
-except ImportError:  # pragma: no cover - older typer runs on click itself
-    import click
-
-
-def usage_line(err: click.UsageError) -> str:
-    """The one line a usage error prints: click's message, the command's usage and its help.
-
-    >>> from typer.core import TyperCommand
-    >>> ctx = click.Context(TyperCommand(name="train"), info_name="ppoflow train")
-    >>> usage_line(click.exceptions.UsageError("No such option: --nope", ctx))
-    'error: No such option: --nope (usage: ppoflow train [OPTIONS]; see ppoflow train --help)'
-    """
-    message = " ".join(err.format_message().split())
-    if err.ctx is None:
-        return f"error: {message}"
-    usage = " ".join(err.ctx.get_usage().removeprefix("Usage:").split())
-    return f"error: {message} (usage: {usage}; see {err.ctx.command_path} --help)"
-
-
-@contextmanager
-def one_line_usage_errors() -> Iterator[None]:
-    """Turn a click usage error raised in the block into :func:`usage_line` and exit 2."""
-    try:
-        yield
-    except click.exceptions.NoArgsIsHelpError:  # a bare ``ppoflow`` / ``ppoflow config``: help
-        raise
-    except click.exceptions.UsageError as err:
-        typer.echo(usage_line(err), err=True)
-        raise typer.Exit(err.exit_code) from None
-
-
-class OneLineUsageErrors(TyperGroup):
-    """The ``ppoflow`` group: usage errors of the group and of every command below it (parsed
-    in :meth:`invoke`) are printed by :func:`one_line_usage_errors`."""
-
-    def make_context(self, info_name: str | None, args: list[str], *a: Any, **kw: Any) -> Any:
-        with one_line_usage_errors():
-            return super().make_context(info_name, args, *a, **kw)
-
-    def invoke(self, ctx: click.Context) -> Any:
-        with one_line_usage_errors():
-            return super().invoke(ctx)
-
 
 app = typer.Typer(
     cls=OneLineUsageErrors,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from flows.cli._group import OneLineUsageErrors
 from stages.config import ConfigError, ConfigNotice, ConfigWarning
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ def config_error(err: ConfigError) -> str:
 
 
 config_app = typer.Typer(
+    cls=OneLineUsageErrors,
     name="config",
     help="Inspect run configs (YAML with verl's key names).",
     no_args_is_help=True,

@@ -26,3 +26,23 @@ def test_every_cli_module_is_registered():
     assert "flows.cli.train" in names and "flows.cli.config" in names
     commands = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     assert {"train", "rerun", "inspect", "config"} <= commands
+
+
+def _command_paths(command, path=()):
+    yield path
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _command_paths(sub, (*path, name))
+
+
+def test_help_shows_no_type_for_flags_in_every_command_and_group():
+    import typer
+
+    paths = list(_command_paths(typer.main.get_command(app)))
+    assert ("config", "show") in paths and ("train",) in paths
+    for path in paths:
+        result = CliRunner().invoke(app, [*path, "--help"], terminal_width=100)
+        assert result.exit_code == 0, (path, result.output)
+        assert "--help" in result.output
+        assert "<bool>" not in result.output, (path, result.output)
+    train_help = CliRunner().invoke(app, ["train", "--help"], terminal_width=100).output
+    assert "<str>" in train_help  # options that take a value still show their type
