@@ -3,7 +3,7 @@
 #   1. trains the built-in demo (configs/demo-cpu.yaml) into a scratch directory, with a Prefect
 #      home of its own there (the temporary server's database);
 #   2. serves MLflow's UI on that run's store and Prefect's UI on that Prefect home, on loopback;
-#   3. photographs eight pages with headless Chromium, driven over the DevTools protocol (the
+#   3. photographs nine pages with headless Chromium, driven over the DevTools protocol (the
 #      pages are single-page apps; a few need a click, a search or a zoom first);
 #   4. stops both servers and removes the scratch directory.
 #
@@ -141,6 +141,9 @@ print(json.dumps({
   "shots": [
     {"file": "mlflow-experiment.png", "url": "$M/runs?$ML", "wait_text": "grpo-tiny",
      "clip_height": 420},
+    {"file": "mlflow-headline.png",
+     "url": "$M/runs?compareRunsMode=CHART&viewStateShareKey=ppoflow-headline&$ML",
+     "wait_text": "Headline", "height": 1100, "settle_s": 8},
     {"file": "mlflow-charts.png", "url": "$M/runs/$RUN_ID/model-metrics?$ML",
      "wait_text": "entropy", "actions": [{"js": """$SEARCH_SCORE"""}, {"wait_text": "critic/score"},
                                           {"sleep": 4}]},

@@ -43,8 +43,11 @@
   sanitized → original is the artifact ``metric_names.json`` and each metric's description
   (stages/metrics/catalog.py, flows/runs/identity.py) is ``metric_descriptions.json``, rewritten when new names appear,
   together with the run description (tag ``mlflow.note.content``, flows/sinks/run_description.py): a
-  header from the run's tags (:meth:`MLflowLogger.set_tags`) and a table of what each logged
-  metric measures and its denominator.
+  header from the run's tags (:meth:`MLflowLogger.set_tags`), a link to the experiment's
+  headline charts and a table of what each logged metric measures and its denominator. The
+  headline charts are a saved chart view of the experiment (tag
+  ``mlflow.sharedViewState.ppoflow-headline``, flows/sinks/headline_view.py), rewritten with the
+  description when the run's headline metrics change.
 * Tables: :meth:`MLflowLogger.log_table` logs rows with ``MlflowClient.log_table`` (MLflow's
   table artifact, which the UI renders as a table); a file the run already holds is not logged
   again (``log_table`` would append to it), so a resumed run does not repeat a table.
@@ -96,6 +99,7 @@ from mlflow.utils.validation import (
 )
 
 from flows.jsonable import jsonable
+from flows.sinks.headline_view import VIEW_TAG, shared_view_state, view_address, view_tag_value
 from flows.sinks.mlflow_store import artifact_location, creation_lock, default_tracking_uri
 from flows.sinks.plots import PlotReport, preload_renderer, write_run_plots
 from flows.sinks.run_description import NOTE_TAG, describe, description_markdown
@@ -244,6 +248,10 @@ class MLflowLogger:
         self._queue: list[tuple[str, Any]] = []
         self._names: dict[str, str] = {}  # sanitized → original
         self._names_dirty = False
+        self._experiment_id: str | None = None
+        # the view this logger last wrote (flows/sinks/headline_view.py), and when it first did
+        self._headline_view: dict[str, Any] = {}
+        self._headline_created_ms = 0
         self._tags: dict[str, str] = {}
         self._params: dict[str, str] | None = None  # the run's params, read when continuing
         self._held_steps: set[int] = set()  # steps a continued run holds: not logged again
@@ -690,9 +698,31 @@ class MLflowLogger:
         descriptions = {name: describe(name) for name in self._names.values()}
         self._client.log_dict(run_id, dict(sorted(self._names.items())), NAMES_ARTIFACT)
         self._client.log_dict(run_id, dict(sorted(descriptions.items())), DESCRIPTIONS_ARTIFACT)
-        note = description_markdown(self._names.values(), self._tags, self.experiment)
+        address = self._write_headline_view(run_id)
+        note = description_markdown(
+            self._names.values(), self._tags, self.experiment, headline_address=address
+        )
         self._client.set_tag(run_id, NOTE_TAG, note)
         self._names_dirty = False
+
+    def _write_headline_view(self, run_id: str) -> str | None:
+        """The experiment's headline chart view for this run's metric names
+        (flows/sinks/headline_view.py), written when it changed; its address, or None while no
+        headline metric is logged."""
+        view = shared_view_state(self._names)
+        if not view["compareRunCharts"]:
+            return None
+        if self._experiment_id is None:
+            self._experiment_id = self._client.get_run(run_id).info.experiment_id
+        if view != self._headline_view:
+            now_ms = int(time.time() * 1000)
+            tag = view_tag_value(view, self._headline_created_ms or now_ms, now_ms)
+            self._client.set_experiment_tag(self._experiment_id, VIEW_TAG, tag)
+            self._headline_view, self._headline_created_ms = (
+                view,
+                self._headline_created_ms or now_ms,
+            )
+        return view_address(self._experiment_id)
 
     def _save_pending(self) -> None:
         lost = [entry for kind, entries in self._queue if kind == "metrics" for entry in entries]

@@ -2,7 +2,8 @@
 
 MLflow shows the tag ``mlflow.note.content`` as the run's description (markdown). ppoflow writes
 there a header from the run's tags (run directory, ppoflow version and commit, config digest,
-resumed step; flows/runs/identity.py) and a table of every metric the run logged, with what it
+resumed step; flows/runs/identity.py), a link to the experiment's headline charts
+(flows/sinks/headline_view.py) and a table of every metric the run logged, with what it
 measures and its denominator from stages/metrics/catalog.py (the train flow's own metrics, such
 as ``ppoflow/cache_hits``, from flows/runs/identity.py). Names of one catalog entry share a
 row (``critic/score/max``, ``critic/score/mean`` and ``critic/score/min`` are one row), so the
@@ -24,6 +25,10 @@ from stages.metrics.catalog import MetricDoc, find_metric_doc
 
 NOTE_TAG = "mlflow.note.content"
 TABLE_HEAD = "| metric | what it measures | denominator |\n|---|---|---|"
+HEADLINE_LINK = (
+    "**Charts:** [the headline charts first]({}) (score, validation, response length, entropy, "
+    "KL to the reference), every run of the experiment"
+)
 NO_DOC = "(no description in stages/metrics/catalog.py)"
 HEADER_TAGS = (
     ("ppoflow.run_dir", "run directory", "`{}`"),
@@ -98,8 +103,11 @@ def description_markdown(
     tags: Mapping[str, str],
     run_name: str | None = None,
     limit: int = MAX_TAG_VAL_LENGTH,
+    headline_address: str | None = None,
 ) -> str:
-    """The run description (module docstring), at most ``limit`` characters.
+    """The run description (module docstring), at most ``limit`` characters; with
+    ``headline_address``, a line under the header links the experiment's headline charts
+    (flows/sinks/headline_view.py).
 
     >>> text = description_markdown(["training/global_step"], {"ppoflow.version": "0.1"}, "r")
     >>> print(text)
@@ -111,7 +119,10 @@ def description_markdown(
     >>> len(description_markdown([f"timing_s/s{i}" for i in range(400)], {}, limit=1000)) <= 1000
     True
     """
-    head = f"{header_line(tags, run_name)}\n\n{TABLE_HEAD}"
+    head = header_line(tags, run_name)
+    if headline_address:
+        head += f"\n\n{HEADLINE_LINK.format(headline_address)}"
+    head += f"\n\n{TABLE_HEAD}"
     rows = metric_rows(names)
     kept: list[str] = []
     size = len(head)
