@@ -217,12 +217,17 @@ def _task_body(
     return replace(ref, path=name or ref.path)
 
 
+#: what a task run's name says when its stage is served from the cache (Prefect's timeline colours
+#: a cached run as a computed one; its state is named ``Cached``)
+CACHED_SUFFIX = " (cached)"
+
+
 @functools.lru_cache(maxsize=256)
-def _make_task(name: str, cache_dir: str, retries: int, refresh: bool) -> Task:
+def _make_task(name: str, cache_dir: str, retries: int, refresh: bool, cached: bool) -> Task:
     return task(
         _task_body,
         name=name,
-        task_run_name=name + "-step{step}",
+        task_run_name=name + "-step{step}" + (CACHED_SUFFIX if cached else ""),
         retries=retries,
         refresh_cache=True if refresh else None,
         **task_options(cache_dir, _key_from_parameters),
@@ -230,7 +235,11 @@ def _make_task(name: str, cache_dir: str, retries: int, refresh: bool) -> Task:
 
 
 def stage_task(
-    stage: Stage, cache_dir: str | Path, retries: int = 0, refresh: bool = False
+    stage: Stage,
+    cache_dir: str | Path,
+    retries: int = 0,
+    refresh: bool = False,
+    cached: bool = False,
 ) -> Task:
     """The Prefect task of ``stage``: cached by the ``cache_key`` parameter, result an ArtifactRef.
 
@@ -238,15 +247,19 @@ def stage_task(
     through ppoflow's checks (flows/cache/records.py, :func:`~flows.cache.records.task_options`).
     ``retries`` is for idempotent stages only: a weight-writing stage (an optimizer step) is
     never retried.
-    ``refresh``: compute even on a cache hit (and replace the record). Tasks are built once per
-    (stage, cache_dir, retries, refresh), not per call.
+    ``refresh``: compute even on a cache hit (and replace the record). ``cached``: the cache
+    holds a good record of this call's key, so its task run is named
+    ``<stage>-step<k> (cached)`` (:data:`CACHED_SUFFIX`), else ``<stage>-step<k>``. Tasks are
+    built once per (stage, cache_dir, retries, refresh, cached), not per call.
     """
     if retries and stage.writes_weights:
         raise ValueError(
             f"stage {stage.name!r} writes weights; retrying it could apply an update twice, so "
             f"retries must be 0 (got {retries})"
         )
-    return _make_task(stage.name, str(Path(cache_dir).absolute()), int(retries), bool(refresh))
+    return _make_task(
+        stage.name, str(Path(cache_dir).absolute()), int(retries), bool(refresh), bool(cached)
+    )
 
 
 # --- one stage in the step ---------------------------------------------------------------------
@@ -311,7 +324,8 @@ def _call(
 ) -> tuple[ArtifactRef, tuple[DataProto, dict[str, float], list[str]] | None]:
     """(the ArtifactRef, the in-memory delta, metrics and derived key names when the task body
     ran, else None)."""
-    prefect_task = stage_task(stage, cache_dir, retries, refresh)
+    cached = not refresh and Path(cache_dir, key).is_file()  # a refused record is refreshed
+    prefect_task = stage_task(stage, cache_dir, retries, refresh, cached)
     sink: dict[str, Any] = {}
     # raises the stage's exception when the task failed; the body fills ``sink`` only when it
     # ran, so an empty sink is a cache hit

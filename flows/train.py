@@ -89,6 +89,7 @@ from flows.runs.identity import (
 )
 from flows.runs.store import StageRecord
 from flows.sinks.generations_dump import dump_rollout, dump_validation
+from flows.sinks.mlflow_store import select_tracking_uri
 from flows.sinks.progress import SCORE
 from flows.sinks.publisher import Publisher
 from flows.sinks.step_report import flow_run_tag, publish_step_report, report_key
@@ -291,7 +292,8 @@ def publish_step(
     """The step's metrics → the metric sinks, its training-generations table's rows (if any) →
     the sinks' tables with the same groups' sample page (flows/runs/sample_page.py), its
     markdown report → a Prefect artifact keyed
-    ``<experiment>-<flow run tag>-step-<k>`` with the run directory and ``val_score`` (the
+    ``<experiment>-<flow run tag>-step-<kkkkkk>`` with the run directory, a link to the MLflow
+    run and ``val_score`` (the
     step's validation score, None when it did not validate); on the publishing thread,
     flows/sinks/publisher.py."""
     run.log(metrics, step)
@@ -304,8 +306,19 @@ def publish_step(
         else:
             run.sinks.log_text(page, PAGE.format(step=step))
     key = report_key(run.cfg.trainer.experiment_name, flow_run_tag(), step)
+    tracking_uri = None
+    if mlflow_run_id is not None:  # the MLflow sink is open, in this store
+        cfg = run.cfg.ppoflow
+        tracking_uri = select_tracking_uri(cfg.mlflow_tracking_uri, cfg.artifact_dir)
     publish_step_report(
-        step, records, metrics, mlflow_run_id, key=key, run_dir=run.store.root, val_score=val_score
+        step,
+        records,
+        metrics,
+        mlflow_run_id,
+        key=key,
+        run_dir=run.store.root,
+        val_score=val_score,
+        tracking_uri=tracking_uri,
     )
 
 

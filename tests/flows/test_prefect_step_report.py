@@ -28,13 +28,13 @@ METRICS = {
 @pytest.mark.parametrize(
     ("experiment", "expected"),
     [
-        ("grpo-tiny", "grpo-tiny-0a1b2c3d-step-3"),
-        ("GRPO_Tiny.v2", "grpo-tiny-v2-0a1b2c3d-step-3"),
-        ("  qwen2.5 / gsm8k  ", "qwen2-5-gsm8k-0a1b2c3d-step-3"),
-        ("Ünïcode—run", "n-code-run-0a1b2c3d-step-3"),
-        ("___", "0a1b2c3d-step-3"),
-        ("x" * 60 + "-y", "x" * 40 + "-0a1b2c3d-step-3"),
-        ("a" * 39 + "-b", "a" * 39 + "-0a1b2c3d-step-3"),  # no dash left dangling at the cut
+        ("grpo-tiny", "grpo-tiny-0a1b2c3d-step-000003"),
+        ("GRPO_Tiny.v2", "grpo-tiny-v2-0a1b2c3d-step-000003"),
+        ("  qwen2.5 / gsm8k  ", "qwen2-5-gsm8k-0a1b2c3d-step-000003"),
+        ("Ünïcode—run", "n-code-run-0a1b2c3d-step-000003"),
+        ("___", "0a1b2c3d-step-000003"),
+        ("x" * 60 + "-y", "x" * 40 + "-0a1b2c3d-step-000003"),
+        ("a" * 39 + "-b", "a" * 39 + "-0a1b2c3d-step-000003"),  # no dash left dangling at the cut
     ],
 )
 def test_report_keys_are_valid_prefect_artifact_keys(experiment, expected):
@@ -48,6 +48,20 @@ def test_keys_differ_between_runs_and_between_steps():
         report_key("grpo-tiny", tag, step) for tag in ("0a1b2c3d", "9f8e7d6c") for step in (1, 2)
     }
     assert len(keys) == 4
+
+
+def test_a_runs_keys_sort_by_name_in_step_order():
+    steps = [1, 2, 9, 10, 25, 100, 200, 1000]
+    keys = [report_key("grpo-tiny", "0a1b2c3d", step) for step in steps]
+    assert sorted(keys) == keys
+
+
+def test_the_mlflow_run_is_a_link_on_a_server_and_for_a_local_store():
+    server = step_markdown(1, RECORDS, METRICS, "abc", tracking_uri="http://mlflow:5000")
+    assert "- MLflow run: [`abc`](http://mlflow:5000/#/runs/abc)" in server.splitlines()
+    local = step_markdown(1, RECORDS, METRICS, "abc", tracking_uri="sqlite:////r/mlflow.db")
+    assert "[`abc`](http://127.0.0.1:5000/#/runs/abc) (served by `mlflow server" in local
+    assert "MLflow run:" not in step_markdown(1, RECORDS, METRICS, None, tracking_uri="http://m")
 
 
 def test_markdown_holds_run_dir_validation_score_and_val_core_metrics():

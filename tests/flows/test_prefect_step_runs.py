@@ -107,3 +107,37 @@ def test_the_training_flow_run_is_named_after_its_run_directory(monkeypatch):
         train_module, "current_startup", lambda: type("Startup", (), {"opened": opened})
     )
     assert named("configs/demo-cpu.yaml") == "opened-7", "the run the command line opened"
+
+
+
+def _step_twice(stages, batch, ctx, store) -> None:
+    """Step 1 computed, then step 1 again from the cache."""
+    refresh = [stage.name for stage in stages]
+    run_step.fn(stages, batch, ctx, store, 1, weights_fingerprints=WEIGHTS, refresh=refresh)
+    run_step.fn(stages, batch, ctx, store, 1, weights_fingerprints=WEIGHTS)
+
+
+twice_flow = StepFlow(fn=_step_twice, name="test-cached-names", persist_result=False)
+
+
+def test_a_cached_stage_task_run_says_so_in_its_name(
+    tmp_path, toy_stages, toy_batch, toy_ctx, monkeypatch
+):
+    """The task a stage is called through is named for what the cache holds (Prefect's own
+    harness records no task runs, so the names are read from the tasks called)."""
+    import flows.stage_task as stage_task_module
+
+    called: list[tuple[str, str]] = []
+    real = stage_task_module.stage_task
+
+    def recording_task(stage, cache_dir, retries=0, refresh=False, cached=False):
+        made = real(stage, cache_dir, retries, refresh, cached)
+        called.append((made.task_run_name.format(step=1), "refresh" if refresh else "cache"))
+        return made
+
+    monkeypatch.setattr(stage_task_module, "stage_task", recording_task)
+    store = RunStore(tmp_path / "run", cache_dir=tmp_path / "cache")
+    twice_flow(toy_stages, toy_batch, toy_ctx, store)
+    computed = [(f"{name}-step1", "refresh") for name in ENABLED]
+    cached = [(f"{name}-step1 (cached)", "cache") for name in ENABLED]
+    assert called == computed + cached
