@@ -25,20 +25,24 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 # The main job: write the demo task and the tiny model, train with GRPO on CPU (about 3 minutes on
 # 2 cores), then print one stage's artifact of the last step (rows, fingerprint, token ledger);
-# step_200 is configs/demo-cpu.yaml's trainer.total_training_steps.
+# step_250 is configs/demo-cpu.yaml's trainer.total_training_steps.
 demo: install
 	$(PPOFLOW) make-demo-data $(DEMO_DIR)/data
 	$(PPOFLOW) make-tiny-model $(DEMO_DIR)/model
 	$(PPOFLOW) train configs/demo-cpu.yaml | tee $(DEMO_DIR)/train.log
-	$(PPOFLOW) inspect "$$(tail -n 1 $(DEMO_DIR)/train.log)/step_200/rollout"
+	$(PPOFLOW) inspect "$$(tail -n 1 $(DEMO_DIR)/train.log)/step_250/rollout"
+
+# Test processes (pytest-xdist): 2, one per core of CI's 2-core machine; PYTEST_JOBS=0 runs the
+# tests in pytest's own process (what a debugger or -x wants).
+PYTEST_JOBS ?= 2
 
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_JOBS)
 
 test-slow: install
 	$(PY) -m pytest -m 'slow and not gpu'
 
-# Every kill -9 point (CI's test-slow runs a representative 11 of the 36, and 2 of the 15 points
+# Every kill -9 point (CI's test-slow runs a representative 6 of the 36, and 2 of the 15 points
 # of the schedules with rollouts launched ahead): run it before resolving
 # work that touches resume, checkpoints, artifacts or the stage flow.
 test-kill-matrix: install

@@ -91,6 +91,8 @@ CALL_FORMAT = "lookup_word"
 TOOL_MARK = "<|tool|>"
 TOOLS_FILE = "tools.yaml"
 WEIGHTS = {"call": 0.3, "ran": 0.1, "faithful": 0.2, "correct": 0.4}
+#: the share of its copy credit a turn keeps when it is not exactly one character (copy_credit)
+NO_STOP_SHARE = 0.8
 
 
 class RowTableLookup(BaseTool):
@@ -156,15 +158,17 @@ def split_turns(solution_str: str, table: dict[str, str]) -> tuple[str, str | No
 
 
 def copy_credit(text: str, letter: str) -> float:
-    """The copy demo's score of ``text`` for the one-letter answer ``letter`` (every visible
-    character against it, cyclic near-miss credit, the stop share): ``demo_task.compute_score``.
+    """The copy credit of ``text`` for the one-letter answer ``letter``: every visible character
+    against it (``demo_task.copy_match``: cyclic near-miss credit over ``KEYS``), times
+    :data:`NO_STOP_SHARE` unless ``text`` is that one character long. (The copy demo's own
+    scorer grades the length instead; this task was measured with this rule.)
 
     Example:
         >>> copy_credit("c", "c"), copy_credit("cc", "c"), copy_credit("d", "c"), copy_credit("", "c")
         (1.0, 0.8, 0.25, 0.0)
     """
-    alphabet = {"alphabet": KEYS}
-    return demo_task.compute_score(demo_task.DATA_SOURCE, text, letter, alphabet)["score"]
+    match = demo_task.copy_match(text, letter, KEYS)
+    return match if len(text) == 1 else NO_STOP_SHARE * match
 
 
 def compute_score(

@@ -12,11 +12,15 @@ for a decoded response ``s`` and an answer ``a`` of k letters:
   *cyclic* distance ``d`` from ``t`` (so the opposite letter earns 0); 0 for any other character;
 - every character of the response is scored against the answer repeated (``a[j mod k]`` at
   position j), missing answer positions of a short response count 0:
-  ``match = Σ_{j < n} credit(s[j], a[j mod k]) / n`` with ``n = max(len(s), k)``;
-- ``score = match`` when the response stops right after the answer (``len(s) == k``), else
-  ``(1 − STOP_WEIGHT) · match``. The reward loop decodes the valid response with special tokens
-  skipped, so "stopped right after the answer" = the decoded text has exactly k characters (EOS
-  came next). So ``"c"`` scores 1.0, ``"cccc"`` 0.8 and ``"cxyz"`` 0.2;
+  ``match = Σ_{j < n} credit(s[j], a[j mod k]) / n`` with ``n = max(len(s), k)``
+  (:func:`copy_match`);
+- ``score = match · (1 − STOP_WEIGHT · min(1, extra / STOP_SPAN))`` with
+  ``extra = max(0, len(s) − k)``, the characters written after the answer: stopping right after
+  the answer keeps the whole match, and each character more loses ``STOP_WEIGHT / STOP_SPAN`` of
+  it, up to ``STOP_WEIGHT`` (0.4) at ``STOP_SPAN`` (15) characters, the most a 16-token demo
+  response holds. The reward loop decodes the valid response with special tokens skipped, so a
+  response that stopped right after the answer decodes to exactly k characters (EOS came next).
+  So ``"c"`` scores 1.0, ``"cccc"`` 0.92, ``"c"`` repeated 16 times 0.6 and ``"cxyz"`` 0.23;
 - ``acc`` = 1.0 when the first k characters equal the answer (stopping not required), ``pred`` =
   those characters (used by maj@N).
 
@@ -33,18 +37,20 @@ Why this shape (RL with GRPO, n = 4, on a *randomly initialised* tiny model):
   exact match of the first character), and every sampled token carries a prompt-dependent
   reward, not only the first (scoring only the first character left 15 of 16 response tokens as
   pure noise, and the policy collapsed onto one letter).
-- Expected learnability, measured with a minimal on-policy GRPO loop (n = 4, token-mean loss,
-  one AdamW step per batch, 16 response tokens, greedy validation on 64 prompts, the model of
-  `make_tiny_model`): with 64 prompts per step and lr 3e-4, validation score 0 → 0.29 within
-  10 steps (the policy emits letters; a prompt-independent plateau), then prompt conditioning:
-  acc 0.31 at step 120, 0.77 at step 170, 0.94 at step 200 (score 0.77: it rarely learns to
-  stop). With 16 prompts per step and lr 1e-3:
-  acc 0.31 at step 160–200 (3 of 8 letters copied). With 16 prompts and lr 1e-4 only the
-  plateau is reached: validation score 0 → 0.29 by step 10, acc at chance. The shipped
-  configs/demo-cpu.yaml (64 prompts, lr 3e-4, one update per step, 200 steps) through
-  ``ppoflow train``: validation score 0 → 0.29 (step 25, the plateau) → 0.57 / acc 0.55 (step
-  150) → 0.77 / acc 0.94 (step 200). With two updates per step (mini-batches of 32 prompts) and
-  100 steps it had reached 0.43 / acc 0.31.
+- Stopping is learned because the loss grows with every extra character. An earlier scorer
+  took a flat 0.2 from any response that did not stop right after the answer: an EOS at exactly
+  that place is rarely sampled, so the policy learned to repeat the letter to the 16-token limit
+  (greedy ``gggggggggggggggg``, 0.8; 99 % of responses clipped) and almost never to stop.
+  Graded, a response that happens to stop early beats one that runs to the limit, so GRPO's
+  groups see the difference from the first steps. The weight matters, measured through
+  ``ppoflow train configs/demo-cpu.yaml`` (64 prompts per step, lr 3e-4, one update per step)
+  with the greedy validation at step 200 (stopping = mean response length near 2 tokens,
+  letter and EOS): 0.2 and 0.3 never stop (acc 0.94, the letter repeated; with 0.3 still none
+  at step 300, entropy 0.2); 0.45 and 0.5 stop by step 175 but before they copy, and then copy
+  slowly (acc 0.55); 0.4 copies first (acc 0.84 at step 200) and then stops (response length
+  2.2 tokens at step 225). The shipped configs/demo-cpu.yaml trains 250 steps with 0.4:
+  validation score 0 → 0.20 (step 25, the plateau) → 0.61 / acc 0.84 (step 200) → 0.96 / acc
+  0.94 (step 250, greedy ``c`` then EOS for 7 of the 8 letters).
 - Longer answers (``answer_length`` > 1) use the same scorer; their learning speed is not
   measured (expect it slower: each position needs its own copy).
 """
@@ -59,7 +65,8 @@ DATA_SOURCE = "ppoflow/demo-copy"
 ABILITY = "copy"
 DEFAULT_ALPHABET = "abcdefgh"
 NEAR_CREDIT = 0.5  # credit scale of a near-miss letter (cyclic distance 1 earns 0.75 of it)
-STOP_WEIGHT = 0.2  # share of the score lost by not stopping right after the answer
+STOP_WEIGHT = 0.4  # share of the match lost by a response STOP_SPAN or more characters too long
+STOP_SPAN = 15  # extra characters over which that share grows linearly
 
 
 def char_credit(char: str | None, target: str, alphabet: str = DEFAULT_ALPHABET) -> float:
@@ -81,6 +88,20 @@ def char_credit(char: str | None, target: str, alphabet: str = DEFAULT_ALPHABET)
     return NEAR_CREDIT * max(0.0, 1.0 - distance / half)
 
 
+def copy_match(text: str, answer: str, alphabet: str = DEFAULT_ALPHABET) -> float:
+    """The mean credit of ``text``'s characters against ``answer`` repeated, over
+    ``max(len(text), len(answer))`` positions (a missing answer position counts 0).
+
+    Example:
+        >>> copy_match("cccc", "c"), copy_match("cx", "c"), copy_match("a", "ab")
+        (1.0, 0.5, 0.5)
+    """
+    k = len(answer)
+    n = max(len(text), k)
+    chars = [text[j] if j < len(text) else None for j in range(n)]
+    return sum(char_credit(c, answer[j % k], alphabet) for j, c in enumerate(chars)) / n
+
+
 def compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
 ) -> dict[str, Any]:
@@ -89,8 +110,8 @@ def compute_score(
     Example:
         >>> compute_score(DATA_SOURCE, "c", "c")
         {'score': 1.0, 'acc': 1.0, 'pred': 'c'}
-        >>> compute_score(DATA_SOURCE, "cccc", "c")["score"], compute_score(DATA_SOURCE, "cxyz", "c")["score"]
-        (0.8, 0.2)
+        >>> [round(compute_score(DATA_SOURCE, s, "c")["score"], 4) for s in ("cccc", "c" * 16, "cxyz")]
+        [0.92, 0.6, 0.23]
         >>> compute_score(DATA_SOURCE, "d", "c")["score"], compute_score(DATA_SOURCE, "", "c")["score"]
         (0.375, 0.0)
     """
@@ -102,12 +123,10 @@ def compute_score(
         raise ValueError(
             f"demo scorer got ground_truth={ground_truth!r}; expected letters of {alphabet!r}"
         )
-    k = len(answer)
-    n = max(len(solution_str), k)
-    chars = [solution_str[j] if j < len(solution_str) else None for j in range(n)]
-    match = sum(char_credit(c, answer[j % k], alphabet) for j, c in enumerate(chars)) / n
-    score = match if len(solution_str) == k else (1.0 - STOP_WEIGHT) * match
-    pred = solution_str[:k]
+    match = copy_match(solution_str, answer, alphabet)
+    extra = max(0, len(solution_str) - len(answer))
+    score = match * (1.0 - STOP_WEIGHT * min(1.0, extra / STOP_SPAN))
+    pred = solution_str[: len(answer)]
     return {"score": score, "acc": float(pred == answer), "pred": pred}
 
 

@@ -12,6 +12,7 @@ from stages.data.demo_task import (
     DATA_SOURCE,
     DEFAULT_ALPHABET,
     NEAR_CREDIT,
+    STOP_SPAN,
     STOP_WEIGHT,
     char_credit,
     compute_score,
@@ -30,29 +31,46 @@ def test_exact_answer_with_stop_scores_one():
     assert compute_score(DATA_SOURCE, "abc", "abc")["score"] == 1.0
 
 
+def _kept(extra: int) -> float:
+    """The share of the match a response keeps with ``extra`` characters after the answer."""
+    return 1 - STOP_WEIGHT * min(1, extra / STOP_SPAN)
+
+
 def test_partial_credit_orders_responses():
     # exact > exact repeated (no stop) > exact then junk > neighbour letter > far letter > junk
     ranked = ["c", "cc", "cq", "d", "dq", "g", "~", ""]
     scores = [_score(r, "c") for r in ranked]
     assert scores == sorted(scores, reverse=True)
-    assert scores[1] == pytest.approx(1 - STOP_WEIGHT)
-    assert scores[2] == pytest.approx((1 - STOP_WEIGHT) / 2)
+    assert scores[1] == pytest.approx(_kept(1))
+    assert scores[2] == pytest.approx(_kept(1) / 2)
     assert scores[3] == pytest.approx(NEAR_CREDIT * (1 - 1 / 4))
     assert scores[5:] == [0.0, 0.0, 0.0]
     assert compute_score(DATA_SOURCE, "dq", "c")["acc"] == 0.0
     assert compute_score(DATA_SOURCE, "cq", "c")["acc"] == 1.0
 
 
+def test_every_extra_character_costs_until_the_span():
+    """The length loss is graded: a response that stops earlier always scores more, so a
+    sampled early stop is rewarded (the flat loss it replaces left the letter repeated to the
+    limit as the policy's answer)."""
+    repeats = [_score("c" * n, "c") for n in range(1, 20)]
+    assert repeats == sorted(repeats, reverse=True)
+    assert repeats[0] == 1.0 and repeats[1] < 1.0
+    assert _score("c" * (1 + STOP_SPAN), "c") == pytest.approx(1 - STOP_WEIGHT)
+    assert _score("c" * (5 + STOP_SPAN), "c") == pytest.approx(1 - STOP_WEIGHT), "capped"
+    assert _score("c" * 16, "c") < _score("c" * 15, "c") < _score("c", "c")
+
+
 def test_every_character_is_scored_against_the_repeated_answer():
-    assert _score("cccc", "c") == pytest.approx(1 - STOP_WEIGHT)
-    assert _score("cxyz", "c") == pytest.approx((1 - STOP_WEIGHT) / 4)
-    assert _score("abcab", "abc") == pytest.approx(1 - STOP_WEIGHT)
-    assert _score("abcxx", "abc") == pytest.approx((1 - STOP_WEIGHT) * 3 / 5)
+    assert _score("cccc", "c") == pytest.approx(_kept(3))
+    assert _score("cxyz", "c") == pytest.approx(_kept(3) / 4)
+    assert _score("abcab", "abc") == pytest.approx(_kept(2))
+    assert _score("abcxx", "abc") == pytest.approx(_kept(2) * 3 / 5)
 
 
 def test_position_wise_credit_for_longer_answers():
     assert _score("abX", "abc") == pytest.approx(2 / 3)
-    assert _score("ab", "abc") == pytest.approx((1 - STOP_WEIGHT) * 2 / 3)
+    assert _score("ab", "abc") == pytest.approx(2 / 3), "a short response loses the missing letter"
     assert compute_score(DATA_SOURCE, "abcd", "abc")["acc"] == 1.0
 
 

@@ -137,8 +137,9 @@ def test_tags_and_the_description_name_the_run_and_every_metric(store_uri, tmp_p
     assert {key: run.data.tags[key] for key in tags} == tags
     assert tags["ppoflow.resumed_from_step"] == "3" and len(tags["ppoflow.config_digest"]) == 64
     note = run.data.tags[NOTE_TAG]
-    header, _, table = note.partition("\n\n")
+    header, charts, table = note.split("\n\n")
     assert header.startswith("**described** · run directory") and "resumed from step 3" in header
+    assert charts.startswith("**Charts:** [the headline charts first](#/experiments/")
     rows = table.splitlines()[2:]
     assert len(rows) == 4  # critic/score/{max,mean} share their catalog entry's row
     score = find_metric_doc("critic/score/mean")
