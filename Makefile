@@ -32,15 +32,15 @@ demo: install
 	$(PPOFLOW) train configs/demo-cpu.yaml | tee $(DEMO_DIR)/train.log
 	$(PPOFLOW) inspect "$$(tail -n 1 $(DEMO_DIR)/train.log)/step_250/rollout"
 
-# Test processes (pytest-xdist): 2, one per core of CI's 2-core machine; PYTEST_JOBS=0 runs the
-# tests in pytest's own process (what a debugger or -x wants).
+# Test processes (pytest-xdist) of make test and make test-slow: 2, one per core of CI's 2-core
+# machine; PYTEST_JOBS=0 runs the tests in pytest's own process (what a debugger or -x wants).
 PYTEST_JOBS ?= 2
 
 test: install
 	$(PY) -m pytest -n $(PYTEST_JOBS)
 
 test-slow: install
-	$(PY) -m pytest -m 'slow and not gpu'
+	$(PY) -m pytest -n $(PYTEST_JOBS) -m 'slow and not gpu'
 
 # Every kill -9 point (CI's test-slow runs a representative 6 of the 36, and 2 of the 15 points
 # of the schedules with rollouts launched ahead): run it before resolving
