@@ -109,7 +109,6 @@ def test_the_training_flow_run_is_named_after_its_run_directory(monkeypatch):
     assert named("configs/demo-cpu.yaml") == "opened-7", "the run the command line opened"
 
 
-
 def _step_twice(stages, batch, ctx, store) -> None:
     """Step 1 computed, then step 1 again from the cache."""
     refresh = [stage.name for stage in stages]
