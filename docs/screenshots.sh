@@ -10,7 +10,7 @@
 # Usage, from anywhere (needs .venv with ppoflow, MLflow and Prefect, and Chromium):
 #   docs/screenshots.sh
 # Settings (environment): SHOTS_DIR (scratch, default /tmp/ppoflow-shots; deleted first and at
-# the end unless KEEP_SHOTS_DIR=1), SHOTS_OUT (default docs/img), STEPS (200) and TEST_FREQ (25),
+# the end unless KEEP_SHOTS_DIR=1), SHOTS_OUT (default docs/img), STEPS (250) and TEST_FREQ (25),
 # MLFLOW_PORT (5055), PREFECT_PORT (4210), CDP_PORT (9333), CHROMIUM (chromium).
 set -euo pipefail
 
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 REPO=$PWD
 DIR=${SHOTS_DIR:-/tmp/ppoflow-shots}
 OUT=${SHOTS_OUT:-docs/img}
-STEPS=${STEPS:-200}
+STEPS=${STEPS:-250}
 TEST_FREQ=${TEST_FREQ:-25}
 MLFLOW_PORT=${MLFLOW_PORT:-5055}
 PREFECT_PORT=${PREFECT_PORT:-4210}
