@@ -83,14 +83,14 @@ def mlflow_run_link(tracking_uri: str, run_id: str) -> str:
     local store on :data:`MLFLOW_DEFAULT_ADDRESS` with the command that serves it there.
 
     >>> mlflow_run_link("https://mlflow.example.org/", "abc")
-    '[`abc`](https://mlflow.example.org/#/runs/abc)'
+    '[abc](https://mlflow.example.org/#/runs/abc)'
     >>> mlflow_run_link("sqlite:////data/runs/mlflow.db", "abc")
-    '[`abc`](http://127.0.0.1:5000/#/runs/abc) (served by `mlflow server --backend-store-uri sqlite:////data/runs/mlflow.db`)'
+    '[abc](http://127.0.0.1:5000/#/runs/abc) (served by `mlflow server --backend-store-uri sqlite:////data/runs/mlflow.db`)'
     """
     if tracking_uri.startswith(("http://", "https://")):
-        return f"[`{run_id}`]({tracking_uri.rstrip('/')}/#/runs/{run_id})"
+        return f"[{run_id}]({tracking_uri.rstrip('/')}/#/runs/{run_id})"
     served = f"mlflow server --backend-store-uri {tracking_uri}"
-    return f"[`{run_id}`]({MLFLOW_DEFAULT_ADDRESS}/#/runs/{run_id}) (served by `{served}`)"
+    return f"[{run_id}]({MLFLOW_DEFAULT_ADDRESS}/#/runs/{run_id}) (served by `{served}`)"
 
 
 def _number(value: float | None) -> str:

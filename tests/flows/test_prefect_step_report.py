@@ -58,9 +58,9 @@ def test_a_runs_keys_sort_by_name_in_step_order():
 
 def test_the_mlflow_run_is_a_link_on_a_server_and_for_a_local_store():
     server = step_markdown(1, RECORDS, METRICS, "abc", tracking_uri="http://mlflow:5000")
-    assert "- MLflow run: [`abc`](http://mlflow:5000/#/runs/abc)" in server.splitlines()
+    assert "- MLflow run: [abc](http://mlflow:5000/#/runs/abc)" in server.splitlines()
     local = step_markdown(1, RECORDS, METRICS, "abc", tracking_uri="sqlite:////r/mlflow.db")
-    assert "[`abc`](http://127.0.0.1:5000/#/runs/abc) (served by `mlflow server" in local
+    assert "[abc](http://127.0.0.1:5000/#/runs/abc) (served by `mlflow server" in local
     assert "MLflow run:" not in step_markdown(1, RECORDS, METRICS, None, tracking_uri="http://m")
 
 
