@@ -60,7 +60,7 @@ from flows.cache.keys import (
     stage_key_parts,
 )
 from flows.cache.miss_reasons import miss_reasons
-from flows.cache.records import record_problem, task_options
+from flows.cache.records import has_record, record_problem, task_options
 from flows.dag import batch_keys
 from flows.runs.artifact_writer import current_writer
 from flows.runs.derived_keys import derived_fingerprints, rebuild_derived, stored_delta
@@ -324,7 +324,7 @@ def _call(
 ) -> tuple[ArtifactRef, tuple[DataProto, dict[str, float], list[str]] | None]:
     """(the ArtifactRef, the in-memory delta, metrics and derived key names when the task body
     ran, else None)."""
-    cached = not refresh and Path(cache_dir, key).is_file()  # a refused record is refreshed
+    cached = not refresh and has_record(cache_dir, key)  # a refused record is refreshed
     prefect_task = stage_task(stage, cache_dir, retries, refresh, cached)
     sink: dict[str, Any] = {}
     # raises the stage's exception when the task failed; the body fills ``sink`` only when it

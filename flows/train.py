@@ -89,7 +89,6 @@ from flows.runs.identity import (
 )
 from flows.runs.store import StageRecord
 from flows.sinks.generations_dump import dump_rollout, dump_validation
-from flows.sinks.mlflow_store import select_tracking_uri
 from flows.sinks.progress import SCORE
 from flows.sinks.publisher import Publisher
 from flows.sinks.step_report import flow_run_tag, publish_step_report, report_key
@@ -306,10 +305,8 @@ def publish_step(
         else:
             run.sinks.log_text(page, PAGE.format(step=step))
     key = report_key(run.cfg.trainer.experiment_name, flow_run_tag(), step)
-    tracking_uri = None
-    if mlflow_run_id is not None:  # the MLflow sink is open, in this store
-        cfg = run.cfg.ppoflow
-        tracking_uri = select_tracking_uri(cfg.mlflow_tracking_uri, cfg.artifact_dir)
+    mlflow_sink = run.sinks.sinks.get("mlflow")
+    tracking_uri = getattr(mlflow_sink, "tracking_uri", None)  # the store the run logs to
     publish_step_report(
         step,
         records,

@@ -315,6 +315,12 @@ def record_problem(cache_dir: str | os.PathLike, key: str) -> str | None:
     return None
 
 
+def has_record(cache_dir: str | os.PathLike, key: str) -> bool:
+    """Whether ``cache_dir`` holds a cache record of ``key`` (good or not: :func:`record_problem`
+    tells which)."""
+    return Path(cache_dir, key).is_file()
+
+
 def delete_record(cache_dir: str | os.PathLike, key: str) -> None:
     """Remove the cache record of ``key`` and its reference (``refs/<key>``), if there; the
     record first, so a process killed between the two leaves a reference nothing points to,

@@ -716,12 +716,10 @@ class MLflowLogger:
             self._experiment_id = self._client.get_run(run_id).info.experiment_id
         if view != self._headline_view:
             now_ms = int(time.time() * 1000)
-            tag = view_tag_value(view, self._headline_created_ms or now_ms, now_ms)
+            self._headline_created_ms = self._headline_created_ms or now_ms
+            tag = view_tag_value(view, self._headline_created_ms, now_ms)
             self._client.set_experiment_tag(self._experiment_id, VIEW_TAG, tag)
-            self._headline_view, self._headline_created_ms = (
-                view,
-                self._headline_created_ms or now_ms,
-            )
+            self._headline_view = view
         return view_address(self._experiment_id)
 
     def _save_pending(self) -> None:
