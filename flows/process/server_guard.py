@@ -67,6 +67,10 @@ POLL_S = 0.5
 #: what the guard sends the main thread on a loss (module docstring); held during a checkpoint
 #: (flows/process/stop_signals.py ``DEFERRED_SIGNALS``)
 SIGNAL = signal.SIGURG
+#: seconds between two sends of :data:`SIGNAL` until the main thread has raised: one that lands
+#: after the main thread released the GIL but before its blocking call began is taken by
+#: Python's handler without waking that call, which would then run to its end
+RESEND_S = 0.5
 
 
 #: the losses the guards of this process saw (what :func:`server_lost` reports)
@@ -250,7 +254,8 @@ class ServerGuard:
 
     def _lose(self, what: str) -> None:
         """Record the loss, make the flow run's later calls to the server fail at once, and
-        interrupt the main thread (module docstring)."""
+        interrupt the main thread (module docstring), again every :data:`RESEND_S` until it
+        has raised."""
         self.lost = what
         _losses.append(what)
         settings = getattr(self.server, "client_settings", None)
@@ -260,9 +265,11 @@ class ServerGuard:
         except Exception:  # no flow run yet, or a Prefect whose settings cannot change
             pass
         logging.getLogger(__name__).debug("Prefect's temporary server %s", what)
-        if self._armed and self._main is not None:
+        while self._armed and self._main is not None:
             with contextlib.suppress(OSError, ValueError):
                 signal.pthread_kill(self._main, SIGNAL)
+            if self._stop.wait(RESEND_S):
+                return
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._armed and self.lost is not None:

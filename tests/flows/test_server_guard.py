@@ -95,6 +95,26 @@ def test_a_server_that_dies_stops_the_main_thread_at_once(server):
     assert line.endswith("the checkpoint of step 2 is kept; continue with `ppoflow resume /runs/r`")
 
 
+def test_a_signal_that_did_not_wake_the_main_thread_is_sent_again(server, monkeypatch):
+    """The first send is taken without waking the main thread's sleep (as when it lands between
+    the GIL's release and the sleep's start): the next send, :data:`RESEND_S` later, wakes it."""
+    sent = []
+    send = signal.pthread_kill
+
+    def first_lost(thread_id, signum):
+        sent.append(signum)
+        if len(sent) > 1:
+            send(thread_id, signum)
+
+    monkeypatch.setattr(signal, "pthread_kill", first_lost)
+    began = time.monotonic()
+    with pytest.raises(ServerLost), ServerGuard(server, timeout_s=NEVER_S):
+        os.kill(server.process.pid, signal.SIGKILL)
+        time.sleep(NEVER_S)
+    assert time.monotonic() - began < NEVER_S
+    assert len(sent) >= 2 and set(sent) == {SIGNAL}
+
+
 def test_a_server_that_stops_answering_is_killed_at_the_bound_and_named(server):
     process = server.process
     with pytest.raises(ServerLost), ServerGuard(server, timeout_s=1.0, probe_s=0.2) as guard:
