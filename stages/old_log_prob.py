@@ -2,7 +2,8 @@
 
 requires: ``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T), ``responses`` /
 ``response_mask`` / ``rollout_log_probs`` (B, R), ``meta_info.temperature``.
-produces: ``old_log_probs`` (B, R) float32.
+produces: ``old_log_probs`` (B, R) float32; when it recomputes them, also ``entropys`` (B, R)
+float32.
 
 - Bypass mode (``algorithm.rollout_correction.bypass_mode``): ``old_log_probs`` is a copy of
   ``rollout_log_probs`` (no model call; the actor's update measures ``actor/entropy``
@@ -14,7 +15,8 @@ produces: ``old_log_probs`` (B, R) float32.
 - Otherwise the actor recomputes them at the rollout temperature, with per-token entropy, and the
   stage reports ``actor/entropy`` = agg_loss(entropys, response_mask, actor.loss_agg_mode,
   loss_scale_factor) over the whole batch (dp 1, local denominators), as verl does. The entropys
-  themselves are not kept in the batch (verl pops them).
+  themselves stay in the stage's artifact (the sample page's ``entropy`` channel,
+  flows/runs/sample_page.py), where verl pops them; no later stage reads them.
 """
 
 from __future__ import annotations
@@ -43,12 +45,12 @@ def old_log_prob_fn(batch: DataProto, ctx: StageContext) -> DataProto:
         loss_scale_factor=actor.loss_scale_factor,
     )
     ctx.metrics["actor/entropy"] = float(entropy)
-    return tensor_delta(out, K.OLD_LOG_PROBS)
+    return tensor_delta(out, K.OLD_LOG_PROBS, K.ENTROPYS)
 
 
 OLD_LOG_PROB_STAGE = Stage(
     name="old_log_prob",
-    version=1,
+    version=2,
     requires=engine_inputs(K.RESPONSE_MASK, K.ROLLOUT_LOG_PROBS, temperature=True),
     produces=(tensor(K.OLD_LOG_PROBS),),
     fn=old_log_prob_fn,
@@ -57,6 +59,7 @@ OLD_LOG_PROB_STAGE = Stage(
         "actor_rollout_ref.actor.loss_agg_mode",
         "actor_rollout_ref.actor.loss_scale_factor",
     ),
+    extra_outputs=("batch",),  # entropys, when it recomputes
     reads_weights=True,
     engine="actor",
 )

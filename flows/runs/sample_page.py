@@ -12,7 +12,10 @@ channel chosen at the top:
   log-prob)), diverging on log ratio, full colour at ± the largest |log ratio|; only when the
   step recomputed its old log-probs;
 - ``log_prob``: the rollout's log-probability of the token, white at 0 (certain) to orange at
-  the page's lowest (most surprising).
+  the page's lowest (most surprising);
+- ``entropy``: the entropy (nats) of the trainer's distribution at the token's position, at the
+  rollout temperature, white at 0 (one choice) to blue at the page's largest; only when the
+  step recomputed its old log-probs (their stage keeps it, stages/old_log_prob.py).
 
 Tokens the model did not sample (a tool's turn: ``response_mask`` 0) are grey and uncoloured.
 The page filters the cards by score range and by group; the address's fragment can set the
@@ -30,13 +33,15 @@ from typing import Any
 
 from flows.runs.samples import Decoder, Sample, StepSamples
 
-#: channel → (label, kind); kind "diverging" colours sign and size, "surprise" −log p
+#: channel → (label, kind); kind "diverging" colours sign and size, "surprise" −log p,
+#: "spread" a value ≥ 0
 CHANNELS: dict[str, tuple[str, str]] = {
     "advantage": ("advantage", "diverging"),
     "ratio": ("trainer / rollout probability", "log-diverging"),
     "log_prob": ("rollout log-prob", "surprise"),
+    "entropy": ("trainer entropy (nats)", "spread"),
 }
-POSITIVE, NEGATIVE, SURPRISE = (46, 160, 67), (215, 58, 73), (230, 126, 34)
+POSITIVE, NEGATIVE, SURPRISE, SPREAD = (46, 160, 67), (215, 58, 73), (230, 126, 34), (52, 101, 164)
 
 
 def _mix(target: tuple[int, int, int], t: float) -> str:
@@ -56,21 +61,23 @@ def token_colour(channel: str, value: float, scale: float) -> str:
 
     >>> token_colour("advantage", 1.0, 2.0), token_colour("advantage", -4.0, 2.0)
     ('rgb(151, 208, 161)', 'rgb(215, 58, 73)')
-    >>> token_colour("log_prob", 0.0, 3.0)
-    'rgb(255, 255, 255)'
+    >>> token_colour("log_prob", 0.0, 3.0), token_colour("entropy", 1.0, 2.0)
+    ('rgb(255, 255, 255)', 'rgb(154, 178, 210)')
     """
     v = channel_value(channel, value)
     if scale <= 0 or not math.isfinite(v):
         return _mix(POSITIVE, 0.0)
     if CHANNELS[channel][1] == "surprise":
         return _mix(SURPRISE, min(max(-v / scale, 0.0), 1.0))
+    if CHANNELS[channel][1] == "spread":
+        return _mix(SPREAD, min(max(v / scale, 0.0), 1.0))
     t = min(max(v / scale, -1.0), 1.0)
     return _mix(POSITIVE, t) if t >= 0 else _mix(NEGATIVE, -t)
 
 
 def channel_scale(channel: str, samples: Sequence[Sample]) -> float:
-    """Full colour's value: the largest |value| (diverging; −value for ``log_prob``) over the
-    sampled tokens of ``samples``; 0 when there is none."""
+    """Full colour's value: the largest |value| (diverging, spread; −value for ``log_prob``)
+    over the sampled tokens of ``samples``; 0 when there is none."""
     values = [
         channel_value(channel, value)
         for sample in samples
@@ -115,7 +122,12 @@ def page_data(found: StepSamples, decoder: Decoder) -> dict[str, Any]:
             }
             for c in present
         },
-        "colours": {"positive": POSITIVE, "negative": NEGATIVE, "surprise": SURPRISE},
+        "colours": {
+            "positive": POSITIVE,
+            "negative": NEGATIVE,
+            "surprise": SURPRISE,
+            "spread": SPREAD,
+        },
         "samples": [
             {
                 "row": s.row,
@@ -176,6 +188,7 @@ function colour(channel, value) {{
   const v = info.kind === "log-diverging" ? Math.log(value) : value;
   if (!(info.scale > 0) || !isFinite(v)) return mix(data.colours.positive, 0);
   if (info.kind === "surprise") return mix(data.colours.surprise, Math.min(Math.max(-v / info.scale, 0), 1));
+  if (info.kind === "spread") return mix(data.colours.spread, Math.min(Math.max(v / info.scale, 0), 1));
   const t = Math.min(Math.max(v / info.scale, -1), 1);
   return t >= 0 ? mix(data.colours.positive, t) : mix(data.colours.negative, -t);
 }}
@@ -209,7 +222,7 @@ function paint() {{
     span.title = info.label + " " + fmt(value === undefined ? null : value);
   }}
   document.getElementById("legend").textContent = info.label + ": full colour at " +
-    (info.kind === "surprise" ? "log-prob −" : "± ") + fmt(info.scale) +
+    ({{surprise: "log-prob −", spread: ""}}[info.kind] ?? "± ") + fmt(info.scale) +
     (info.kind === "log-diverging" ? " (log ratio)" : "");
 }}
 function filter() {{

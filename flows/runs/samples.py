@@ -30,7 +30,9 @@ A :class:`Sample` is one generation row:
   stage's ``advantages``), ``log_prob`` (the rollout's ``rollout_log_probs``: the sampler's
   log-probability of the token it chose) and, when the step has an ``old_log_prob`` artifact,
   ``ratio`` = exp(``old_log_probs`` − ``rollout_log_probs``) (the trainer's probability of the
-  token over the rollout's; 1 in bypass mode). Per-token entropy is not kept by any stage.
+  token over the rollout's; 1 in bypass mode) and, when that stage recomputed them (not in
+  bypass mode), ``entropy`` (its ``entropys``: the entropy of the trainer's distribution at the
+  position, at the rollout temperature).
 
 Texts are decoded with the run's tokenizer (``actor_rollout_ref.model.tokenizer_path`` of its
 ``config.json``, a relative path read from the directory the run started in, as ``ppoflow export``
@@ -303,6 +305,8 @@ def token_values(sources: dict[str, tuple[DataProto, np.ndarray]]) -> dict[str, 
         if "old_log_prob" in sources:
             old = _rows(sources["old_log_prob"], K.OLD_LOG_PROBS).float()
             values["ratio"] = torch.exp(old - values["log_prob"])
+    if "old_log_prob" in sources and K.ENTROPYS in sources["old_log_prob"][0].batch:
+        values["entropy"] = _rows(sources["old_log_prob"], K.ENTROPYS).float()
     return values
 
 

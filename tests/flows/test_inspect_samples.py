@@ -540,3 +540,34 @@ def test_a_trained_agent_step_shows_its_turns(agent_trained):
     result = inspect(agent_trained.root, "--step", 1, "--samples", 2)
     assert result.exit_code == 0, result.output
     assert result.stdout.count("\n    turn 1  assistant  ") == 2
+
+
+@pytest.mark.slow
+def test_a_step_that_recomputed_its_old_log_probs_shows_the_trainers_entropy(
+    tmp_path_factory, make_demo_inputs, tiny_run_overrides, prefect_harness, tmp_path
+):
+    """Without bypass the old_log_prob stage keeps its per-token entropy; the page's
+    ``entropy`` channel shows, on each sample's tokens, that artifact's row of the sample."""
+    import math
+
+    from transformers import AutoConfig
+
+    from flows.runs.samples import load_step_samples
+
+    run = _train(
+        tmp_path_factory.mktemp("recomputed"), make_demo_inputs, tiny_run_overrides,
+        "algorithm.rollout_correction.bypass_mode=false",
+    )  # fmt: skip
+    data = page_of(run, 2, tmp_path / "step2.html")
+    assert list(data["channels"]) == ["advantage", "ratio", "log_prob", "entropy"]
+    record = run.read_journal(2).record("old_log_prob")
+    entropys = load_artifact(record.artifact).batch[K.ENTROPYS]  # balanced order
+    vocab = AutoConfig.from_pretrained(run.load_config()["actor_rollout_ref"]["model"]["path"])
+    bound = math.log(vocab.vocab_size)
+    batch_rows = {s.row: s.batch_row for s in load_step_samples(run, 2).samples}
+    for sample in data["samples"]:
+        values = [t["entropy"] for t in sample["tokens"]]
+        expected = entropys[batch_rows[sample["row"]], : len(values)].tolist()
+        assert values == pytest.approx(expected, abs=1e-6)
+        assert all(0 <= v <= bound + 1e-4 for v in values)
+    assert data["channels"]["entropy"]["scale"] > 0

@@ -27,6 +27,7 @@ class LetterTokenizer:
 
 def sample(row, uid, score, advantages, log_probs, ratios, mask=None) -> Sample:
     n = len(advantages)
+    entropies = [round(-0.5 * value, 3) for value in log_probs]  # any values ≥ 0
     return Sample(
         row=row,
         batch_row=row,
@@ -37,7 +38,12 @@ def sample(row, uid, score, advantages, log_probs, ratios, mask=None) -> Sample:
         advantage=sum(advantages) / n,
         extras={},
         columns={"uid": uid},
-        tokens={"advantage": advantages, "log_prob": log_probs, "ratio": ratios},
+        tokens={
+            "advantage": advantages,
+            "log_prob": log_probs,
+            "ratio": ratios,
+            "entropy": entropies,
+        },
     )
 
 
@@ -60,6 +66,7 @@ def test_the_scales_are_over_the_sampled_tokens_only():
     assert channel_scale("advantage", found) == 0.8  # 9.0 is a tool token (mask 0)
     assert channel_scale("log_prob", found) == 3.0
     assert channel_scale("ratio", found) == pytest.approx(math.log(2.0))
+    assert channel_scale("entropy", found) == 1.5  # 25.0 is the tool token's
 
 
 def test_the_page_data_holds_every_sample_and_token():
@@ -73,9 +80,11 @@ def test_the_page_data_holds_every_sample_and_token():
         "advantage": 0.8,
         "log_prob": -2.0,
         "ratio": 1.2,
+        "entropy": 1.0,
     }
     assert data["samples"][2]["tokens"][2]["m"] == 0
-    assert set(data["channels"]) == {"advantage", "ratio", "log_prob"}
+    assert set(data["channels"]) == {"advantage", "ratio", "log_prob", "entropy"}
+    assert data["channels"]["entropy"]["kind"] == "spread"
 
 
 def test_the_page_is_self_contained():
@@ -138,7 +147,7 @@ def rendered(page: Path, fragment: str = "") -> Spans:
     return parsed
 
 
-@pytest.mark.parametrize("channel", ["advantage", "log_prob", "ratio"])
+@pytest.mark.parametrize("channel", ["advantage", "log_prob", "ratio", "entropy"])
 def test_in_chromium_every_sampled_token_has_the_colour_of_its_value(tmp_path, channel):
     found = step_samples()
     page = tmp_path / "step_3.html"

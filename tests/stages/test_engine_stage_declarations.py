@@ -86,6 +86,10 @@ DECLARATIONS = {
     ),
 }
 
+#: stage → the tensors its delta keeps beyond ``produces`` when it calls its engine (declared by
+#: ``extra_outputs``): old_log_prob's per-token entropy, for the sample page
+KEPT_BEYOND_PRODUCES = {"old_log_prob": ["entropys"]}
+
 STAGES = {
     stage.name: stage
     for stage in (
@@ -120,8 +124,9 @@ def test_declaration_is_pinned(name):
     assert stage.config_keys == config_keys
     assert skip_reason(stage) == reason
     assert (stage.reads_weights, stage.writes_weights, stage.engine) == (reads, writes, engine)
-    assert stage.version == 1
-    assert (stage.file_keys, stage.seeded, stage.extra_outputs) == ((), False, ())
+    assert stage.version == (2 if name in KEPT_BEYOND_PRODUCES else 1)
+    extra = ("batch",) if name in KEPT_BEYOND_PRODUCES else ()
+    assert (stage.file_keys, stage.seeded, stage.extra_outputs) == ((), False, extra)
     assert (stage.reorders, dict(stage.derived)) == (None, {})
 
 
@@ -168,5 +173,6 @@ def test_stage_calls_its_engine_once_and_keeps_only_what_it_produces(
     delta = stage.fn(rollout_batch, ctx)
     assert [call[0] for call in engine.calls] == [method]
     held = sorted(delta.batch.keys()) if delta.batch is not None else []
-    assert held == sorted(ref.name for ref in stage.produces)
+    kept = [ref.name for ref in stage.produces] + KEPT_BEYOND_PRODUCES.get(name, [])
+    assert held == sorted(kept)
     assert ctx.metrics["engine/loss"] == 2.0  # the engine's metrics, reduced, in ctx.metrics

@@ -130,7 +130,7 @@ def test_old_log_prob_bypass_copies_rollout_log_probs(rollout_batch, make_config
 RECOMPUTE = "algorithm.rollout_correction.bypass_mode=false"
 
 
-def test_old_log_prob_reports_entropy_over_the_batch_and_drops_entropys(
+def test_old_log_prob_reports_entropy_over_the_batch_and_keeps_entropys(
     fake_engine, rollout_batch, make_config
 ):
     entropys = torch.tensor([[1.0, 2.0, 9.0], [1.0, 1.0, 1.0], [4.0, 9.0, 9.0], [9.0, 9.0, 9.0]])
@@ -143,7 +143,8 @@ def test_old_log_prob_reports_entropy_over_the_batch_and_drops_entropys(
         make_config("actor_rollout_ref.actor.loss_agg_mode=token-mean", RECOMPUTE), {"actor": actor}
     )
     delta = old_log_prob_fn(rollout_batch, ctx)
-    assert list(delta.batch.keys()) == ["old_log_probs"]
+    assert sorted(delta.batch.keys()) == ["entropys", "old_log_probs"]
+    assert torch.equal(delta.batch["entropys"], entropys)  # for the sample page
     # token-mean over the 6 response tokens: (1 + 2 + 1 + 1 + 1 + 4) / 6
     assert ctx.metrics["actor/entropy"] == pytest.approx(10 / 6)
 
