@@ -95,6 +95,7 @@ from flows.runs.store import (
     CONFIG_FILE,
     RERUN_FILE,
     RunStore,
+    StageRecord,
     StepJournal,
     lies_in,
 )
@@ -301,17 +302,40 @@ def weights_lookup(weights: dict[str, str], step: int) -> Callable[[Stage], str]
 
 @dataclass
 class RerunResult:
-    """What a re-run made: the new run dir, the step's records and metrics, the metric diff."""
+    """What a re-run made: the new run dir, the step's stage records and metrics, the metric
+    diff."""
 
     run_dir: str
     parent_dir: str
     step: int
-    result: StepResult
+    records: list[StageRecord]
     metrics: dict[str, float]
     changes: list[MetricChange]
     unchanged: int
     engines_built: list[str] = field(default_factory=list)
     mlflow_run_id: str | None = None  # the branch's MLflow run (None without an MLflow sink)
+
+
+def branch_info(
+    parent_root: str,
+    step: int,
+    from_stage: str,
+    to_stage: str | None,
+    overrides: Sequence[str],
+    gen_round: int | None = None,
+) -> dict[str, Any]:
+    """What a branch records of how it was made (its run info's ``branch``, and its MLflow
+    run's tags, flows/rerun_diff.py)."""
+    info: dict[str, Any] = {
+        "parent_run_dir": parent_root,
+        "step": step,
+        "from": from_stage,
+        "to": to_stage or METRICS_STAGE,
+        "overrides": list(overrides),
+    }
+    if gen_round is not None:
+        info["round"] = gen_round
+    return info
 
 
 def default_rerun_dir(parent_dir: str, step: int, from_stage: str) -> str:
@@ -537,11 +561,14 @@ def _rerun(
     verify: Verify = "full",
     gen_round: int | None = None,
     mlflow_parent: str | None = None,
+    log_mlflow: bool = True,
 ) -> RerunResult:
     """Re-run stages of step ``step`` of ``run_dir`` (module docstring); with ``gen_round``, of
     that generation round of a step with dynamic sampling (flows/rerun_rounds.py); with
     ``mlflow_parent``, the branch's MLflow run is nested under that run (a sweep's,
-    flows/rerun_sweep.py)."""
+    flows/rerun_sweep.py). ``log_mlflow=False`` leaves the branch's MLflow run to the caller
+    (a sweep's branch in a process of its own, flows/sweep_processes.py: the sweep's process
+    logs it, so that one process writes the store)."""
     check_stage_name(from_stage, "--from")
     parent, parent_cfg = open_parent(run_dir)
     planned = planned_stages(parent_cfg, gen_round, from_stage)
@@ -550,15 +577,7 @@ def _rerun(
     parent_step(parent, step)  # the step finished (and its journal is the parent's)
     check_round(parent, step, gen_round)
     journal = parent_step(round_view(parent, gen_round), step)
-    info = {
-        "parent_run_dir": parent.root,
-        "step": step,
-        "from": from_stage,
-        "to": to_stage or METRICS_STAGE,
-        "overrides": list(overrides),
-    }
-    if gen_round is not None:
-        info["round"] = gen_round
+    info = branch_info(parent.root, step, from_stage, to_stage, overrides, gen_round)
     origin = f"{parent.root} step {step}" + ("" if gen_round is None else f" round {gen_round}")
     step_input = load_step_input(journal, origin, verify)  # read before the branch is written,
     reuse = reusable_records(journal, before)
@@ -579,7 +598,7 @@ def _rerun(
                 original = {name: value for name, value in original.items() if name in metrics}
             changes = metric_diff(original, metrics)
             mlflow_run_id = None
-            if "mlflow" in cfg.trainer.logger:
+            if log_mlflow and "mlflow" in cfg.trainer.logger:
                 mlflow_run_id = log_branch_run(
                     cfg, parent, store, info, metrics, changes, mlflow_parent
                 )
@@ -590,7 +609,7 @@ def _rerun(
         run_dir=store.root,
         parent_dir=parent.root,
         step=step,
-        result=result,
+        records=result.records,
         metrics=metrics,
         changes=changes,
         unchanged=len(compared_names(original, metrics)) - len(changes),

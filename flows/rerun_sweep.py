@@ -12,7 +12,9 @@ point's overrides after the command's own, written to ``SWEEP_DIR/branch-<i>``:
    the original run; each branch's journal records them as reused); the stages from ``--from``
    on run per branch, as cached stage tasks (a stage whose inputs and config the point does
    not change hits the parent's cache). The branches run one after another in this process,
-   one engine set at a time;
+   one engine set at a time; with ``--parallel N``, N at a time, each in a process of its own
+   with its own engines, where the engines allow it (flows/sweep_processes.py: a slice of the
+   CUDA devices or of the torch threads each, checked before anything is written);
 3. the table: one row per metric that differs from the original in any branch, the original as
    the first column and one column per branch (wall-time metrics left out, as in the diff);
 4. with ``mlflow`` in ``trainer.logger``: one MLflow run for the sweep (nested under the
@@ -25,7 +27,9 @@ is a complete re-run directory), the failed one leaves nothing (flows/rerun.py).
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,15 +38,25 @@ from typing import Any
 from flows.rerun import (
     RerunResult,
     _rerun,
+    branch_info,
     check_stage_name,
     open_parent,
     stage_window,
 )
-from flows.rerun_diff import metric_diff
+from flows.rerun_diff import log_branch_run, metric_diff
 from flows.rerun_rounds import planned_stages
 from flows.runs.store import RunStore
 from flows.step_flow import StepFlow
+from flows.sweep_processes import (
+    BranchJob,
+    BranchProcess,
+    Placement,
+    placements,
+    run_branches,
+    visible_devices,
+)
 from stages.config import ConfigError, PPORunConfig, apply_overrides
+from stages.engines.worker_group import WORKER_BACKENDS
 from stages.ppo import PPO_STAGES
 
 ORIGINAL = "original"
@@ -202,6 +216,8 @@ class SweepResult:
     original: dict[str, float]
     rows: list[dict[str, Any]] = field(default_factory=list)
     mlflow_run_id: str | None = None
+    parallel: int = 1  # branches run at once
+    processes: list[BranchProcess] = field(default_factory=list)  # with parallel > 1
 
 
 def sweep_rows(
@@ -256,35 +272,50 @@ def _sweep(
     overrides: Sequence[str] = (),
     sweep_dir: str | None = None,
     refresh: bool = False,
+    parallel: int = 1,
 ) -> SweepResult:
     """Re-run step ``step`` of ``run_dir`` from ``from_stage`` once per point of the grid of
-    ``sweeps`` (module docstring)."""
+    ``sweeps``, ``parallel`` branches at a time (module docstring)."""
     check_stage_name(from_stage, "--from")
     axes = parse_axes(sweeps)
     parent, parent_cfg = open_parent(run_dir)
     _, before = stage_window(from_stage, to_stage, planned_stages(parent_cfg, None, from_stage))
     points = check_branches(parent_cfg, axes, overrides, from_stage, before)
+    slots = branch_placements(parent_cfg, overrides, points, parallel)
     root = RunStore(sweep_dir or default_sweep_dir(parent.root, step, from_stage))
     if root.fs.exists(root.root) and root.fs.ls(root.root):
         raise ValueError(f"{root.root} is not empty; choose a new directory for the sweep")
     original = dict(parent.read_journal(step).metrics)
     sink = _open_sweep_run(parent_cfg, parent, step, from_stage, axes)
+    mlflow_parent = None if sink is None else sink.run_id
+    jobs = [
+        BranchJob(
+            i,
+            label(point),
+            {
+                "run_dir": parent.root,
+                "step": step,
+                "from_stage": from_stage,
+                "to_stage": to_stage,
+                "overrides": [*overrides, *point],
+                "new_run_dir": f"{root.root}/branch-{i}",
+                "refresh": refresh,
+                "mlflow_parent": mlflow_parent,
+            },
+        )
+        for i, point in enumerate(points)
+    ]
     branches: list[RerunResult] = []
+    processes: list[BranchProcess] = []
     rows: list[dict[str, Any]] = []
     status = "FAILED"
     try:
-        for i, point in enumerate(points):
-            branches.append(
-                _rerun(
-                    parent.root,
-                    step,
-                    from_stage,
-                    to_stage,
-                    [*overrides, *point],
-                    f"{root.root}/branch-{i}",
-                    refresh,
-                    mlflow_parent=None if sink is None else sink.run_id,
-                )
+        if len(slots) == 1:
+            for job in jobs:
+                branches.append(_rerun(**job.rerun))
+        else:
+            branches, processes = run_branches(
+                jobs, slots, prefect_env(), functools.partial(log_branch, parent, parent_cfg)
             )
         rows = sweep_rows(original, points, branches)
         if sink is not None:
@@ -301,8 +332,75 @@ def _sweep(
         branches=branches,
         original=original,
         rows=rows,
-        mlflow_run_id=None if sink is None else sink.run_id,
+        mlflow_run_id=mlflow_parent,
+        parallel=len(slots),
+        processes=processes,
     )
+
+
+def branch_placements(
+    parent_cfg: PPORunConfig,
+    overrides: Sequence[str],
+    points: Sequence[Sequence[str]],
+    parallel: int,
+) -> list[Placement]:
+    """Where each branch process running at once computes (flows/sweep_processes.py): one
+    placement per process, at most one per branch; a single one (this process) for
+    ``parallel`` 1. ValueError where the engines do not allow it: a workers backend whose ranks
+    are not in the branch's process, too few devices, more than one node."""
+    import torch
+
+    if parallel < 1:
+        raise ValueError(f"--parallel {parallel}: give how many branches run at once, 1 or more")
+    parallel = min(parallel, len(points))
+    if parallel == 1:
+        return [Placement(torch.get_num_threads(), {})]
+    configs = [apply_overrides(parent_cfg, [*overrides, *point]) for point in points]
+    for cfg in configs:
+        backend = cfg.ppoflow.workers.backend
+        if not WORKER_BACKENDS.get(backend).ranks_in_driver:
+            raise ValueError(
+                f"--parallel {parallel} runs each branch's engines in a process of its own, but "
+                f"ppoflow.workers.backend = {backend} places them as actors of a cluster; run "
+                "this sweep with --parallel 1"
+            )
+    device = configs[0].trainer.device
+    return placements(
+        parallel,
+        device,
+        max(cfg.trainer.n_gpus_per_node for cfg in configs),
+        max(cfg.trainer.nnodes for cfg in configs),
+        visible_devices(os.environ, torch.cuda.device_count() if device == "cuda" else 0),
+        torch.get_num_threads(),
+    )
+
+
+def prefect_env() -> dict[str, str]:
+    """The variables that put a branch process on this flow run's Prefect server and home."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
+
+    with get_client(sync_client=True) as client:
+        url = str(client.api_url).rstrip("/")
+    return {"PREFECT_API_URL": url, "PREFECT_HOME": str(get_current_settings().home)}
+
+
+def log_branch(
+    parent: RunStore, parent_cfg: PPORunConfig, job: BranchJob, result: RerunResult
+) -> RerunResult:
+    """Log a branch that ran in a process of its own as the sweep's child run in MLflow (what
+    ``_rerun`` does itself for a branch run in this process); the result, with its run id."""
+    overrides = job.rerun["overrides"]
+    cfg = apply_overrides(parent_cfg, overrides)
+    if "mlflow" not in cfg.trainer.logger:
+        return result
+    rerun = job.rerun
+    info = branch_info(parent.root, result.step, rerun["from_stage"], rerun["to_stage"], overrides)
+    store = RunStore(result.run_dir)
+    result.mlflow_run_id = log_branch_run(
+        cfg, parent, store, info, result.metrics, result.changes, rerun["mlflow_parent"]
+    )
+    return result
 
 
 def _open_sweep_run(

@@ -27,7 +27,7 @@ def describe(result) -> str:
     from flows.rerun_diff import format_diff
 
     lines = [f"re-run of step {result.step} of {result.parent_dir}"]
-    for record in result.result.records:
+    for record in result.records:
         lines.append(f"  {record.stage:<14} {record.status:<8} {record.reason}")
     built = ", ".join(result.engines_built) or "none"
     lines.append(f"engines built: {built}")
@@ -74,10 +74,25 @@ def rerun_command(
             "a sweep directory (--run-dir); prints metrics × branches, the original first",
         ),
     ] = None,
+    parallel: Annotated[
+        int,
+        typer.Option(
+            "--parallel",
+            help="With --sweep: run this many branches at once, each in a process of its own "
+            "with a share of the torch threads, or its own CUDA devices (default 1: one after "
+            "another in this process)",
+        ),
+    ] = 1,
     verbose: VerboseOption = False,
 ) -> None:
     """Recompute stages of a past step into a new run dir and diff its metrics; the last line
     printed is the new run directory (with --sweep: the sweep directory)."""
+    if parallel != 1 and not sweeps:
+        raise fail_in_one_line(
+            ValueError(f"--parallel {parallel} runs the branches of a sweep at once; add --sweep"),
+            verbose,
+            usage_errors=(ValueError,),
+        )
     if sweeps:
         sweep_command(
             run_dir,
@@ -90,6 +105,7 @@ def rerun_command(
             refresh,
             gen_round,
             verbose,
+            parallel,
         )
         return
     from flows.rerun import rerun
@@ -117,10 +133,14 @@ def describe_sweep(result) -> str:
     table (a ``flows.rerun_sweep.SweepResult``), as printed by the command."""
     from flows.rerun_sweep import ORIGINAL, format_table, label
 
-    lines = [f"sweep of step {result.step} of {result.parent_dir}: {len(result.branches)} branches"]
+    at_once = f", {result.parallel} at a time" if result.parallel > 1 else ""
+    lines = [
+        f"sweep of step {result.step} of {result.parent_dir}: {len(result.branches)} branches"
+        f"{at_once}"
+    ]
     columns = {ORIGINAL: ORIGINAL}
     for i, (point, branch) in enumerate(zip(result.points, result.branches, strict=True)):
-        ran = [r.stage for r in branch.result.records if r.status == "ran"]
+        ran = [r.stage for r in branch.records if r.status == "ran"]
         columns[label(point)] = f"b{i}"
         lines.append(
             f"  b{i}  {label(point)}: ran {', '.join(ran) or 'nothing'} → {branch.run_dir}"
@@ -140,6 +160,7 @@ def sweep_command(
     refresh: bool,
     gen_round: int | None,
     verbose: bool,
+    parallel: int = 1,
 ) -> None:
     """``ppoflow rerun … --sweep``: the branches of the grid, the table, the sweep directory."""
     from flows.rerun_sweep import sweep
@@ -149,8 +170,9 @@ def sweep_command(
             if gen_round is not None:
                 raise ValueError("--sweep re-runs a step's training stages; leave out --round")
             result = sweep(
-                run_dir, step, from_stage, sweeps, to_stage, overrides or [], sweep_dir, refresh
-            )
+                run_dir, step, from_stage, sweeps, to_stage, overrides or [], sweep_dir, refresh,
+                parallel,
+            )  # fmt: skip
         except Exception as err:
             raise fail_in_one_line(err, verbose, usage_errors=(ValueError, ConfigError)) from None
     typer.echo(describe_sweep(result))

@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from flows.runs.branches import find_branches
 
@@ -147,4 +148,50 @@ def test_a_bad_sweep_is_refused_before_any_branch_runs(
             "rerun", finished.run, "--step", "1", "--from", "advantage", *args, "--run-dir", out
         )
     expect(result, code, *needles, input=described)
+    assert not out.exists()
+
+
+PARALLEL_CASES = [
+    ("parallel-zero", "`rerun … --sweep algorithm.adv_estimator=grpo,rloo --parallel 0`",
+     ["--sweep", "algorithm.adv_estimator=grpo,rloo", "--parallel", "0"],
+     ["--parallel 0: give how many branches run at once, 1 or more"]),
+    ("parallel-without-sweep", "`rerun RUN --step 1 --from advantage --parallel 2`: no --sweep",
+     ["--parallel", "2"],
+     ["--parallel 2 runs the branches of a sweep at once; add --sweep"]),
+    ("parallel-on-ray", "`rerun … ppoflow.workers.backend=ray --sweep … --parallel 2`: Ray actors",
+     ["ppoflow.workers.backend=ray", "--sweep", "algorithm.adv_estimator=grpo,rloo",
+      "--parallel", "2"],
+     ["--parallel 2 runs each branch's engines in a process of its own, but "
+      "ppoflow.workers.backend = ray places them as actors of a cluster", "--parallel 1"]),
+    ("parallel-too-few-devices", "`rerun … trainer.device=cuda --sweep … --parallel 2` on a "
+     "machine without 2 CUDA devices",
+     ["trainer.device=cuda", "--sweep", "algorithm.adv_estimator=grpo,rloo", "--parallel", "2"],
+     ["--parallel 2 needs 2 × 1 CUDA devices (trainer.n_gpus_per_node = 1 per branch), but "
+      "this process sees"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("described", "args", "needles"),
+    [
+        pytest.param(
+            *case[1:],
+            id=case[0],
+            marks=pytest.mark.skipif(
+                case[0] == "parallel-too-few-devices" and torch.cuda.device_count() >= 2,
+                reason="this machine has the 2 CUDA devices the case lacks",
+            ),
+        )
+        for case in PARALLEL_CASES
+    ],
+)
+def test_a_parallel_sweep_the_engines_do_not_allow_is_refused_before_any_branch_runs(
+    ppoflow, expect, unchanged, finished, tmp_path, described, args, needles
+):
+    out = tmp_path / "sweep"
+    with unchanged(*finished.dirs):
+        result = ppoflow(
+            "rerun", finished.run, "--step", "1", "--from", "advantage", *args, "--run-dir", out
+        )
+    expect(result, 2, *needles, input=described)
     assert not out.exists()

@@ -128,7 +128,7 @@ def test_one_rounds_reward_stage_re_runs_from_the_rounds_input(dapo_run, tmp_pat
         result.run_dir, 1, "reward", None, ["reward.overlong_buffer.penalty_factor=0.5"],
         str(tmp_path / "branch"), gen_round=1,
     )  # fmt: skip
-    records = {rec.stage: rec for rec in branch.result.records}
+    records = {rec.stage: rec for rec in branch.records}
     assert records["rollout"].status == "cached" and "reused from" in records["rollout"].reason
     assert records["reward"].status == "ran"
     assert (tmp_path / "branch" / "step_1" / "round_1" / "reward" / "manifest.json").is_file()

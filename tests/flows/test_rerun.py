@@ -136,7 +136,7 @@ def test_rerun_from_advantage_with_another_estimator(parent_run, tmp_path, model
 
 def test_identical_rerun_is_all_cache_hits(parent_run, tmp_path, model_calls):
     result = rerun(parent_run["run_dir"], 2, "rollout", new_run_dir=str(tmp_path / "same"))
-    statuses = {r.stage: (r.status, r.reason) for r in result.result.records}
+    statuses = {r.stage: (r.status, r.reason) for r in result.records}
     ran = {stage: status for stage, (status, _) in statuses.items() if status != "skipped"}
     assert ran and set(ran.values()) == {"cached"}, statuses
     assert all(reason == "cache hit" for status, reason in statuses.values() if status == "cached")
@@ -153,7 +153,7 @@ def test_to_stops_after_the_named_stage(parent_run, tmp_path, model_calls):
         ["algorithm.norm_adv_by_std_in_grpo=false"],
         str(tmp_path / "adv-only"),
     )
-    stages = [r.stage for r in result.result.records if r.status != "skipped"]
+    stages = [r.stage for r in result.records if r.status != "skipped"]
     assert stages[-1] == "advantage" and "update_actor" not in stages
     assert model_calls == [] and result.engines_built == []
     assert "critic/advantages/max" in {c.name for c in result.changes}  # data metrics recomputed
@@ -200,7 +200,7 @@ def test_a_read_only_parent_is_only_read(parent_run, tmp_path):
         )
         after = snapshot(run_dir), snapshot(checkpoints)
     assert after == before
-    assert "update_actor" in [r.stage for r in result.result.records if r.status == "ran"]
+    assert "update_actor" in [r.stage for r in result.records if r.status == "ran"]
     assert RunStore(str(run_dir)).branches()[result.run_dir] == 2
     note = index_dir() / run_key(str(run_dir)) / f"{run_key(result.run_dir)}.json"
     assert json.loads(note.read_text())["run_dir"] == result.run_dir
@@ -314,6 +314,57 @@ def test_a_sweep_of_three_estimators_by_two_clip_ratios(parent_run, tmp_path, mo
         Path(client.download_artifacts(sweep.info.run_id, "sweep.json", str(tmp_path))).read_text()
     )
     assert table["columns"][:2] == ["metric", "original"] and len(table["columns"]) == 8
+
+
+def test_a_parallel_sweep_runs_its_branches_at_once_and_equals_one_after_another(
+    parent_run, tmp_path
+):
+    """``--parallel 2``: three branches in two processes of their own, the first two at the same
+    time, the third in the process that finished first; each one's records (artifact
+    fingerprints included) and metrics equal the same branch run in this process; each is
+    logged in MLflow as a child of the sweep's run."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    from flows.rerun_diff import metric_diff
+    from flows.rerun_sweep import sweep
+
+    axis = "algorithm.adv_estimator=rloo,reinforce_plus_plus,grpo"
+    args = (parent_run["run_dir"], 2, "advantage", [axis])
+    at_once = sweep(*args, sweep_dir=str(tmp_path / "parallel"), parallel=2)
+    in_turn = sweep(*args, sweep_dir=str(tmp_path / "in-turn"))
+
+    assert (at_once.parallel, in_turn.parallel) == (2, 1) and in_turn.processes == []
+    windows = at_once.processes
+    assert [w.index for w in windows] == [0, 1, 2]
+    assert len({w.pid for w in windows} | {os.getpid()}) == 3  # two processes
+    assert max(w.started for w in windows[:2]) < min(w.ended for w in windows[:2])  # at once
+    (first,) = [w for w in windows[:2] if w.pid == windows[2].pid]
+    assert windows[2].started >= first.ended  # the third took the process that was free
+    for parallel, serial in zip(at_once.branches, in_turn.branches, strict=True):
+        assert parallel.run_dir.startswith(str(tmp_path / "parallel"))
+        assert [(r.stage, r.status, r.fingerprint) for r in parallel.records] == [
+            (r.stage, r.status, r.fingerprint) for r in serial.records
+        ]
+        assert metric_diff(serial.metrics, parallel.metrics) == []
+        assert parallel.changes == serial.changes
+    assert at_once.branches[0].changes and not at_once.branches[2].changes  # grpo: the original
+    assert at_once.rows == in_turn.rows
+
+    info = json.loads((Path(parent_run["run_dir"]) / "run_info.json").read_text())
+    client = MlflowClient(tracking_uri=info["mlflow_tracking_uri"])
+    children = {
+        run.info.run_id: run
+        for run in client.search_runs(
+            [client.get_run(at_once.mlflow_run_id).info.experiment_id],
+            f"tags.`mlflow.parentRunId` = '{at_once.mlflow_run_id}'",
+        )
+    }
+    assert set(children) == {branch.mlflow_run_id for branch in at_once.branches}
+    for branch in at_once.branches:
+        logged = children[branch.mlflow_run_id].data.metrics
+        assert logged["actor/pg_loss"] == branch.metrics["actor/pg_loss"]
 
 
 def test_a_sweep_over_a_stage_before_from_is_refused_and_writes_nothing(parent_run, tmp_path):
