@@ -119,10 +119,11 @@ def placements(
         )
     needed = parallel * devices_per_branch
     if needed > len(visible):
+        fits = len(visible) // devices_per_branch
         raise ValueError(
             f"--parallel {parallel} needs {parallel} × {devices_per_branch} CUDA devices "
             f"(trainer.n_gpus_per_node = {devices_per_branch} per branch), but this process sees "
-            f"{len(visible)}; lower --parallel to {max(1, len(visible) // devices_per_branch)}"
+            f"{len(visible)}" + (f"; lower --parallel to {fits}" if fits >= 1 else "")
         )
     return [
         Placement(
