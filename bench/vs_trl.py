@@ -155,10 +155,12 @@ def run_ppoflow(
     extra: list[str],
     python: Path = PPOFLOW_PY,
     source: Path | None = None,
+    threads: int = 2,
 ) -> Run:
-    """One ppoflow training, in the repository; ``source``: in that source tree instead, e.g. a
-    git worktree of an older commit (``python -m`` puts the working directory first on
-    ``sys.path``, and ``PYTHONPATH`` names it too, before the editable install)."""
+    """One ppoflow training, in the repository, with ``threads`` torch threads; ``source``: in
+    that source tree instead, e.g. a git worktree of an older commit (``python -m`` puts the
+    working directory first on ``sys.path``, and ``PYTHONPATH`` names it too, before the
+    editable install)."""
     run_dir = work / f"ppoflow-run-{index}"
     overrides = [
         f"data.train_files=[{work}/demo/data/train.parquet]",
@@ -175,7 +177,11 @@ def run_ppoflow(
     ]
     command = [str(python), "-m", "flows", "train", "configs/demo-cpu.yaml", *overrides]
     command += ["--run-dir", str(run_dir)]
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "PREFECT_HOME": str(work / "prefect-home")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "PREFECT_HOME": str(work / "prefect-home"),
+    }
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
     log = work / f"ppoflow-{index}.log"
@@ -191,12 +197,17 @@ def run_ppoflow(
 
 
 def run_trl(
-    work: Path, steps: int, index: int, options: tuple[str, ...] = (), processes: int = 1
+    work: Path,
+    steps: int,
+    index: int | str,
+    options: tuple[str, ...] = (),
+    processes: int = 1,
+    threads: int = 2,
 ) -> Run:
     """One TRL training; ``processes`` > 1: that many data-parallel processes under torchrun,
-    the 2 threads split between them."""
+    the ``threads`` split between them."""
     out = work / f"trl-{index}.jsonl"
-    threads = max(1, 2 // processes)
+    threads = max(1, threads // processes)
     launcher = [str(BENCH_PY)]
     if processes > 1:
         torchrun = BENCH_PY.parent / "torchrun"

@@ -14,8 +14,8 @@ not compute them is told once that the check cannot run there, never silently pa
   (0.0: every sample of the step got the same score — a scorer that cannot tell answers apart).
 - ``entropy_collapse``: ``actor/entropy`` (mean over response tokens, nats) < threshold (0.01).
 - ``response_clipping``: ``response_length/clip_ratio`` (rows at the response budget ÷ rows)
-  ≥ threshold (0.9): responses end at the budget, not at an end of sequence — a length exploit
-  or a budget too small.
+  ≥ threshold (0.9): responses end at the budget, not at an end of sequence — a policy that
+  does not end them yet, a length exploit or a budget too small.
 - ``kl_blowup``: the KL to the reference, ``actor/kl_loss`` (KL loss) or
   ``actor/reward_kl_penalty`` (KL in the reward), > threshold (1.0 nats per token).
 - ``weight_sync``: ``rollout/weight_sync/mismatched`` of the rollout engine's last weight sync
@@ -194,8 +194,9 @@ def _response_clipping(view: StepView, threshold: float) -> str | None:
         return None
     return (
         f"step {view.step}: {share:.0%} of the responses end at the response budget "
-        f"(≥ {threshold:.0%}), not at an end of sequence — a length exploit of the scorer, or "
-        "data.max_response_length too small"
+        f"(≥ {threshold:.0%}), not at an end of sequence — a policy that has not learned to end "
+        "them (untrained, or an EOS token or chat template it does not use), a length exploit "
+        "of the scorer, or data.max_response_length too small"
     )
 
 
