@@ -51,6 +51,7 @@ from flows.sweep_processes import (
     BranchJob,
     BranchProcess,
     Placement,
+    check_parallel,
     placements,
     run_branches,
     visible_devices,
@@ -350,8 +351,7 @@ def branch_placements(
     are not in the branch's process, too few devices, more than one node."""
     import torch
 
-    if parallel < 1:
-        raise ValueError(f"--parallel {parallel}: give how many branches run at once, 1 or more")
+    check_parallel(parallel)
     parallel = min(parallel, len(points))
     if parallel == 1:
         return [Placement(torch.get_num_threads(), {})]

@@ -91,6 +91,12 @@ def visible_devices(environ: Mapping[str, str], device_count: int) -> list[str]:
     return [str(i) for i in range(device_count)]
 
 
+def check_parallel(parallel: int) -> None:
+    """ValueError naming ``--parallel`` when it is not a count of processes (1 or more)."""
+    if parallel < 1:
+        raise ValueError(f"--parallel {parallel}: give how many branches run at once, 1 or more")
+
+
 def placements(
     parallel: int,
     device: str,
@@ -107,8 +113,7 @@ def placements(
     >>> [dict(p.env) for p in placements(2, "cuda", 2, 1, ["0", "1", "2", "3"], 8)]
     [{'CUDA_VISIBLE_DEVICES': '0,1'}, {'CUDA_VISIBLE_DEVICES': '2,3'}]
     """
-    if parallel < 1:
-        raise ValueError(f"--parallel {parallel}: give how many branches run at once, 1 or more")
+    check_parallel(parallel)
     if device != "cuda":
         share = max(1, threads // parallel)
         return [Placement(share, {}) for _ in range(parallel)]
@@ -287,6 +292,7 @@ __all__ = [
     "BranchJob",
     "BranchProcess",
     "Placement",
+    "check_parallel",
     "placements",
     "result_from_json",
     "run_branches",
