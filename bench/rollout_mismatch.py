@@ -44,11 +44,13 @@ SOURCES = {
         "ppoflow.schedule=fully_async",
         "async_training.trigger_parameter_sync_step=4",
         "async_training.staleness_threshold=0.1",
+        "async_training.partial_rollout=false",  # as recorded: one version per batch
     ],
     "async, T = 8": [
         "ppoflow.schedule=fully_async",
         "async_training.trigger_parameter_sync_step=8",
         "async_training.staleness_threshold=1",
+        "async_training.partial_rollout=false",
     ],
 }
 CORRECTIONS = {

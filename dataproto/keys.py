@@ -24,6 +24,9 @@ SEQ_SCORES = "seq_scores"  # (B,) float32: each row's scalar score, aborted rows
 REWARD_BASELINES = "reward_baselines"  # (B,) float32: ReMax greedy-sample reward
 BASELINE_RESPONSES = "baseline_responses"  # (B, R) int64: ReMax greedy response of the row's prompt
 BASELINE_RESPONSE_MASK = "baseline_response_mask"  # (B, R) int64 {0,1}: its response mask
+#: (B, R) int64: with partial rollouts, the policy version of the weights that chose each
+#: column's token (flows/partial_rollout.py; on padding, the version of the column's segment)
+ROLLOUT_POLICY_VERSIONS = "rollout_policy_versions"
 ENTROPYS = "entropys"  # (B, R) float32: per-token entropy (dropped after old_log_prob)
 #: (B, R) float32: decoupled rollout correction's detached IS weights (0 on padding)
 ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
@@ -72,6 +75,7 @@ RESPONSE_TOKEN_KEYS = frozenset(
         RESPONSES,
         RESPONSE_MASK,
         ROLLOUT_LOG_PROBS,
+        ROLLOUT_POLICY_VERSIONS,
         OLD_LOG_PROBS,
         REF_LOG_PROB,
         VALUES,

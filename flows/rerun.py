@@ -80,6 +80,7 @@ from flows.engines import (
     reference_handle,
     roles_for,
 )
+from flows.partial_rollout import NoSegmentWeights, is_partial_key
 from flows.process.device import apply_device
 from flows.rerun_diff import (
     MetricChange,
@@ -461,9 +462,13 @@ def rollout_launched_ahead(
     """The rollout of a step whose batch weights θ_v generated: on an actor built with the
     weights after step v (the initial model for v = 0, else the checkpoint saved after step v,
     which the run must have), keyed by the weights fingerprint the parent's rollout recorded;
-    the step's other weight-reading stages read the step's own weights, as in the parent."""
+    the step's other weight-reading stages read the step's own weights, as in the parent. A
+    partial rollout (several weights, flows/partial_rollout.py) is reused, never generated
+    again (:class:`~flows.partial_rollout.NoSegmentWeights`)."""
     step, record = journal.step, journal.record(ROLLOUT_STAGE.name)
-    engines = lazy_engines(cfg, version + 1)  # the weights at the start of step v + 1: θ_v
+    partial = is_partial_key(record.key_parts["weights"])  # reused, or one error line
+    # else the weights at the start of step v + 1: θ_v
+    engines = {"actor": NoSegmentWeights(step)} if partial else lazy_engines(cfg, version + 1)
     try:
         return run_stage(
             ROLLOUT_STAGE,
@@ -480,7 +485,8 @@ def rollout_launched_ahead(
             previous=record,
         )
     finally:
-        engines.close()
+        if not partial:
+            engines.close()
 
 
 def run_branch_step(

@@ -41,22 +41,31 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
 from dataproto import DataProto
-from dataproto.artifact import ArtifactRef, load_artifact, read_manifest
+from dataproto.artifact import ArtifactRef, load_artifact, read_manifest, save_artifact
 from flows.cache.keys import artifact_key_fingerprints
 from flows.dag import batch_keys
 from flows.gen_rounds import next_step_input
+from flows.partial_rollout import FinishingEngine, PartialRollout
 from flows.runs.store import StageRecord, relative_to_root, resolve_in_root
 from flows.stage_task import StageOutcome, artifact_digest, reuse_stage, run_stage
 from stages.engines.rollout_replica import build_replica
-from stages.rollout import ROLLOUT_STAGE
-from stages.schedules import POLICY_SCHEDULES, pace_of, with_policy_version
+from stages.rollout import ROLLOUT_STAGE, generation_prompts, sampling_seed
+from stages.schedules import (
+    POLICY_SCHEDULES,
+    Pace,
+    pace_of,
+    partial_cuts,
+    with_policy_version,
+)
 from stages.stage import StageContext
 
+#: where a checkpoint keeps a partial rollout's segments done: ``step_<j>/rollout_partial``
+PARTIAL_ARTIFACT = "rollout_partial"
 #: the record reason of a rollout restored from a checkpoint
 RESTORED_ORIGIN = "the rollout launched before the checkpoint"
 #: step metrics of the schedule (catalog: stages/metrics/catalog.py)
@@ -130,12 +139,27 @@ def done(value: Any) -> Future:
 
 @dataclass
 class Launch:
-    """A step's rollout launched ahead: the step input as stored, and the rollout's outcome."""
+    """A step's rollout launched ahead: the step input as stored, and the rollout's outcome —
+    for a partial rollout (flows/partial_rollout.py) None until its last segment is queued,
+    its earlier segments' jobs in ``segments``."""
 
     step: int
     batch: DataProto
     input_ref: ArtifactRef
-    outcome: Future
+    outcome: Future | None
+    partial: PartialRollout | None = None
+    segments: list[Future] = field(default_factory=list)
+
+    def cuts(self, pace: Pace, response_length: int) -> dict[int, int]:
+        """Sync step → the segment it starts (1, 2, …): the syncs still to interrupt it."""
+        if self.partial is None:
+            return {}
+        syncs = [sync for sync, _ in partial_cuts(self.step, pace, response_length)]
+        return {
+            sync: index
+            for index, sync in enumerate(syncs, 1)
+            if index >= len(self.partial.segments)
+        }
 
 
 @dataclass
@@ -174,6 +198,8 @@ class RolloutAhead:
         self.weights: str | None = None  # lineage of the last sync queued (launches read it)
         self.version = 0  # the policy version of those weights
         self.pending: dict[int, Launch] = {}
+        self.partial = run.cfg.async_training.partial_rollout
+        self.response_length = run.cfg.actor_rollout_ref.rollout.response_length
         if restored is not None:
             for state in restored["launches"]:
                 self.pending[state["step"]] = self._restore(state)
@@ -190,6 +216,7 @@ class RolloutAhead:
         start = perf_counter()
         if self.pace.syncs_at(step):
             self._sync(step)
+        self._resume_partials(step)
         synced = perf_counter() - start
         for ahead in range(step + 1, min(step + self.pace.depth, last) + 1):
             if ahead not in self.pending:
@@ -206,23 +233,24 @@ class RolloutAhead:
         return {**self.run.engines, "actor": self.replica}
 
     def state(self) -> dict[str, Any]:
-        """The launched rollouts as a checkpoint records them (waits for them): each one's step,
-        input artifact and stage record, in step order."""
+        """The launched rollouts as a checkpoint records them (waits for the jobs queued): each
+        one's step, input artifact and stage record — or, for a partial rollout with segments
+        still to come, the segments done (their columns stored as ``step_<j>/rollout_partial``),
+        in step order."""
         self._wait()
-        root = self.run.store.root
         return {
-            "launches": [
-                {
-                    "step": launch.step,
-                    "input": {
-                        "path": relative_to_root(launch.input_ref.path, root),
-                        "fingerprint": launch.input_ref.fingerprint,
-                    },
-                    "record": launch.outcome.result().record.to_json(root),
-                }
-                for launch in sorted(self.pending.values(), key=lambda launch: launch.step)
-            ]
+            "launches": [self._launch_state(self.pending[step]) for step in sorted(self.pending)]
         }
+
+    def _launch_state(self, launch: Launch) -> dict[str, Any]:
+        root = self.run.store.root
+        state = {"step": launch.step, "input": _ref_state(launch.input_ref, root)}
+        if launch.outcome is not None:
+            return {**state, "record": launch.outcome.result().record.to_json(root)}
+        columns, segments = launch.partial.state()
+        path = self.run.store.artifact_path(launch.step, PARTIAL_ARTIFACT)
+        ref = save_artifact(columns, path, stage=PARTIAL_ARTIFACT, overwrite=True)
+        return {**state, "partial": {"columns": _ref_state(ref, root), "segments": segments}}
 
     def close(self) -> None:
         """Stop the replica; rollouts still running are abandoned (its process is killed)."""
@@ -237,7 +265,10 @@ class RolloutAhead:
         """Until every job on the lane ran (the launched rollouts and the syncs between)."""
         self.lane.submit(lambda: None).result()
         for launch in self.pending.values():
-            launch.outcome.result()
+            for job in launch.segments:
+                job.result()
+            if launch.outcome is not None:
+                launch.outcome.result()
 
     def _sync(self, step: int) -> None:
         """Queue the sync with the actor's weights now, θ_{step−1} (nothing when the replica
@@ -254,45 +285,118 @@ class RolloutAhead:
         self.weights, self.version = weights, step - 1
 
     def _launch(self, step: int) -> Launch:
-        store, cfg = self.run.store, self.run.cfg
+        """Store step ``step``'s input and queue its rollout: the whole of it, or with partial
+        rollouts and syncs to fall while it is in flight, its first segment."""
+        cfg = self.run.cfg
         batch = with_policy_version(self.next_input(step), self.version)
-        input_ref = store.save_input(step, batch, artifact_digest(cfg))
+        input_ref = self.run.store.save_input(step, batch, artifact_digest(cfg))
+        cuts = partial_cuts(step, self.pace, self.response_length) if self.partial else ()
+        if not cuts:
+            return Launch(step, batch, input_ref, self._rollout_stage(step, batch, input_ref))
+        launch = Launch(step, batch, input_ref, None, self._partial(step, batch, cuts))
+        self._queue_segment(launch)
+        return launch
+
+    def _rollout_stage(
+        self,
+        step: int,
+        batch: DataProto,
+        input_ref: ArtifactRef,
+        partial: PartialRollout | None = None,
+    ) -> Future:
+        """The rollout stage of step ``step`` queued on the lane, on the replica, or for a partial
+        rollout on its :class:`FinishingEngine` keyed by every segment's weights."""
+        actor = self.replica if partial is None else FinishingEngine(partial, self.replica)
         ctx = StageContext(
-            config=cfg, engines={**self.run.engines, "actor": self.replica}, step=step, metrics={}
+            config=self.run.cfg, engines={**self.run.engines, "actor": actor}, step=step, metrics={}
         )
-        outcome = self.lane.submit(
+        return self.lane.submit(
             run_stage,
             ROLLOUT_STAGE,
             batch,
             ctx,
-            store,
+            self.run.store,
             step,
             fingerprints=artifact_key_fingerprints(input_ref.fingerprint, batch_keys(batch)),
-            weights_fingerprint=self.weights,
+            weights_fingerprint=self.weights if partial is None else partial.weights_key(),
             refresh=self.refresh,
             retries=1,
         )
-        return Launch(step, batch, input_ref, outcome)
+
+    def _partial(
+        self, step: int, batch: DataProto, cuts: tuple[tuple[int, int], ...]
+    ) -> PartialRollout:
+        """Step ``step``'s rollout in segments ending at the ``cuts``' columns, seeded as the
+        rollout stage seeds it."""
+        from stages.engines.roles import sampling_settings
+
+        settings = sampling_settings(self.run.cfg, self.run.tokenizer, validate=False)
+        ctx = StageContext(config=self.run.cfg, engines={}, step=step, metrics={})
+        return PartialRollout(
+            generation_prompts(batch),
+            sampling_seed(ctx, batch),
+            tuple(column for _, column in cuts),
+            settings.stop_ids,
+            settings.pad_token_id,
+        )
+
+    def _queue_segment(self, launch: Launch) -> None:
+        """Queue the next segment of ``launch``'s partial rollout on the replica's weights of now
+        (the last sync queued): an earlier one as a lane job, the last as the rollout stage."""
+        partial = launch.partial
+        index = partial.plan(self.version, self.weights)
+        if index < len(partial.ends):
+            launch.segments.append(self.lane.submit(partial.generate, self.replica, index))
+        else:
+            launch.outcome = self._rollout_stage(
+                launch.step, launch.batch, launch.input_ref, partial
+            )
+
+    def _resume_partials(self, step: int) -> None:
+        """After step ``step``'s sync: the next segment of each partial rollout it interrupts, in
+        step order."""
+        for ahead in sorted(self.pending):
+            launch = self.pending[ahead]
+            if step in launch.cuts(self.pace, self.response_length):
+                self._queue_segment(launch)
 
     def _restore(self, state: dict[str, Any]) -> Launch:
         """A launched rollout a checkpoint recorded: its input loaded and checked against the
         recorded fingerprint, its delta loaded through ``reuse_stage`` (verified, derived keys
-        rebuilt)."""
-        store = self.run.store
-        path = resolve_in_root(state["input"]["path"], store.root)
-        manifest = read_manifest(path)
-        if manifest["fingerprint"] != state["input"]["fingerprint"]:
-            raise ValueError(
-                f"{path}: holds fingerprint {manifest['fingerprint'][:16]}…, but the checkpoint "
-                f"recorded {state['input']['fingerprint'][:16]}… for step {state['step']}'s input "
-                "(the run directory was changed after the checkpoint)"
+        rebuilt) — or a partial rollout's segments done, loaded and checked the same way."""
+        store, step = self.run.store, state["step"]
+        batch, input_ref = _load_recorded(state["input"], store.root, f"step {step}'s input")
+        if "partial" in state:
+            columns, _ = _load_recorded(
+                state["partial"]["columns"], store.root, f"step {step}'s partial rollout"
             )
-        batch = load_artifact(path, verify="full")
-        input_ref = ArtifactRef(path, manifest["fingerprint"], len(batch), 0)
+            cuts = partial_cuts(step, self.pace, self.response_length)
+            partial = self._partial(step, batch, cuts)
+            partial.restore(columns, state["partial"]["segments"])
+            return Launch(step, batch, input_ref, None, partial)
         record = StageRecord.from_json(state["record"], store.root)
         fingerprints = artifact_key_fingerprints(input_ref.fingerprint, batch_keys(batch))
         outcome = reuse_stage(ROLLOUT_STAGE, record, RESTORED_ORIGIN, "full", batch, fingerprints)
-        return Launch(state["step"], batch, input_ref, done(outcome))
+        return Launch(step, batch, input_ref, done(outcome))
+
+
+def _ref_state(ref: ArtifactRef, root: str) -> dict[str, str]:
+    return {"path": relative_to_root(ref.path, root), "fingerprint": ref.fingerprint}
+
+
+def _load_recorded(state: dict[str, str], root: str, what: str) -> tuple[DataProto, ArtifactRef]:
+    """The artifact a checkpoint recorded (:func:`_ref_state`), checked against its recorded
+    fingerprint and verified in full."""
+    path = resolve_in_root(state["path"], root)
+    manifest = read_manifest(path)
+    if manifest["fingerprint"] != state["fingerprint"]:
+        raise ValueError(
+            f"{path}: holds fingerprint {manifest['fingerprint'][:16]}…, but the checkpoint "
+            f"recorded {state['fingerprint'][:16]}… for {what} (the run directory was changed "
+            "after the checkpoint)"
+        )
+    batch = load_artifact(path, verify="full")
+    return batch, ArtifactRef(path, manifest["fingerprint"], len(batch), 0)
 
 
 def open_rollout_ahead(run: Any, startup: Any) -> RolloutAhead | None:

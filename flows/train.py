@@ -114,7 +114,7 @@ from stages.metrics import (
 )
 from stages.metrics.signal import batch_signal_metrics
 from stages.ppo import PPO_STAGES
-from stages.schedules import staleness_metrics
+from stages.schedules import partial_metrics, staleness_metrics
 from stages.stage import StageContext
 
 #: Prefect retries of the stages that write no weights (rollout, reward, log-probs, advantage)
@@ -162,6 +162,8 @@ def step_metrics(
     metrics.update(compute_throughput_metrics(batch, timing, cfg.derived.dp_size))
     metrics.update(batch_signal_metrics(result.batch, gen_rounds))
     metrics.update(staleness_metrics(result.batch, step))
+    if cfg.async_training.partial_rollout:
+        metrics.update(partial_metrics(result.batch))
     metrics.update({"training/global_step": float(step), "training/epoch": float(epoch)})
     metrics[CACHE_HITS] = cache_hits(result.records)
     return metrics

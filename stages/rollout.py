@@ -4,7 +4,8 @@ requires: ``prompt_input_ids``, ``prompt_attention_mask``, ``prompt_position_ids
 step input's prompt tensors under their own names, so that the rollout's full-sequence
 ``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T) never clash with them.
 produces: ``prompts`` (B, P), ``responses`` / ``response_mask`` / ``rollout_log_probs`` (B, R),
-``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T = P + R). The artifact stores the
+``input_ids`` / ``attention_mask`` / ``position_ids`` (B, T = P + R); with partial rollouts also
+``rollout_policy_versions`` (B, R), each token's policy version. The artifact stores the
 response side only: ``prompts`` and the (B, T) tensors are the prompt tensors ‖ the response's
 (:data:`ROLLOUT_DERIVED`), left out when they equal that and rebuilt when the delta is loaded.
 
@@ -63,6 +64,9 @@ ROLLOUT_KEYS = (
     K.POSITION_IDS,
     K.ROLLOUT_LOG_PROBS,
 )
+#: what the engine returns only sometimes, kept when it does: a partial rollout's token versions
+#: (flows/partial_rollout.py)
+ROLLOUT_OPTIONAL_KEYS = (K.ROLLOUT_POLICY_VERSIONS,)
 #: step-input name → the name the generation engine reads
 PROMPT_KEYS = {
     K.PROMPT_INPUT_IDS: K.INPUT_IDS,
@@ -117,7 +121,8 @@ def _one_call_rollout(batch: DataProto, ctx: StageContext) -> DataProto:
             f"the actor's generate_sequences returned no {missing}; it returned "
             f"{sorted(out.batch.keys())}"
         )
-    return DataProto(batch=out.batch.select(*ROLLOUT_KEYS), non_tensor_batch={}, meta_info={})
+    kept = [*ROLLOUT_KEYS, *(key for key in ROLLOUT_OPTIONAL_KEYS if key in out.batch)]
+    return DataProto(batch=out.batch.select(*kept), non_tensor_batch={}, meta_info={})
 
 
 def _full_input_ids(t) -> Tensor:

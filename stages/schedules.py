@@ -50,8 +50,11 @@ import numpy as np
 
 from stages.registry import Registry
 
-#: the step input's per-sample column: the policy version that generates the row (int64, (B,))
+#: the step input's per-sample column: the policy version that generates the row (int64, (B,));
+#: with partial rollouts, the version of its first tokens
 POLICY_VERSION = "policy_version"
+#: dataproto.keys' names, restated so that importing this module imports no torch
+ROLLOUT_POLICY_VERSIONS, RESPONSE_MASK = "rollout_policy_versions", "response_mask"
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,36 @@ def policy_version(step: int, pace: Pace) -> int:
     return launched_at - 1 - (launched_at - 1) % pace.sync_every
 
 
+def partial_cuts(step: int, pace: Pace, response_length: int) -> tuple[tuple[int, int], ...]:
+    """Where the weight syncs interrupt step ``step``'s batch when rollouts are partial
+    (``async_training.partial_rollout``, flows/partial_rollout.py): ``(sync step s, first response
+    column generated after it)`` for each step s that syncs while the batch is in flight,
+    ``L < s < step`` with L = ``max(step − D, 1)`` the step that launches it.
+
+    The batch's R response tokens are spread evenly over the L → ``step`` step intervals, as a
+    generation that runs through them would be, so the sync of step s falls at column
+    ``⌊R · (s − L) / (step − L)⌋``. Fixed by step counts, never by timing. A sync that would fall
+    before the first token (column 0, when R < step − L) does not interrupt; of two syncs that
+    fall at one column the later one does (the earlier one's segment would be empty).
+
+    >>> partial_cuts(4, Pace(2, 2), 16)  # launched in step 2, step 3's sync halfway
+    ((3, 8),)
+    >>> [partial_cuts(step, Pace(4, 4), 16) for step in (6, 7, 8)]  # step 5's sync
+    [((5, 12),), ((5, 8),), ((5, 4),)]
+    >>> partial_cuts(9, Pace(4, 4), 16), partial_cuts(3, Pace(1, 1), 16)  # no sync in flight
+    ((), ())
+    >>> partial_cuts(7, Pace(6, 1), 4)  # launched in step 1; syncs at steps 2–6
+    ((3, 1), (5, 2), (6, 3))
+    """
+    launched = max(step - pace.depth, 1)
+    columns: dict[int, int] = {}  # column → the last sync falling there
+    for sync in range(launched + 1, step):
+        column = response_length * (sync - launched) // (step - launched)
+        if pace.syncs_at(sync) and column > 0:
+            columns[column] = sync
+    return tuple((sync, column) for column, sync in sorted(columns.items()))
+
+
 def staleness(step: int, version: Any) -> Any:
     """Updates between a sample's generating weights (version ``version``, an int or an array
     of them) and the weights of step ``step`` that train on it: ``step − 1 − version``."""
@@ -160,6 +193,37 @@ def with_policy_version(batch: Any, version: int) -> Any:
     every row (int64, (B,)); the batch is not modified."""
     columns = {**batch.non_tensor_batch, POLICY_VERSION: np.full(len(batch), version, np.int64)}
     return type(batch)(batch=batch.batch, non_tensor_batch=columns, meta_info=dict(batch.meta_info))
+
+
+def partial_metrics(batch: Any) -> dict[str, float]:
+    """verl's ``fully_async/partial/*`` over the rows of a step batch: a row is partial when its
+    response tokens (``response_mask``) were chosen by more than one policy version
+    (``rollout_policy_versions``, flows/partial_rollout.py), its span max − min of those versions;
+    ``total_partial_num`` counts the partial rows, ``partial_ratio`` divides it by the rows,
+    ``max_partial_span`` is the largest span. A batch no sync interrupted has no token versions
+    and no partial row.
+
+    >>> import torch
+    >>> from dataproto import DataProto
+    >>> batch = DataProto.from_dict({"response_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]),
+    ...     "rollout_policy_versions": torch.tensor([[0, 0, 2], [0, 0, 2]])})
+    >>> partial_metrics(batch)
+    {'fully_async/partial/total_partial_num': 1.0, 'fully_async/partial/partial_ratio': 0.5, 'fully_async/partial/max_partial_span': 2.0}
+    """
+    versions = batch.batch.get(ROLLOUT_POLICY_VERSIONS) if batch.batch is not None else None
+    spans = np.zeros(len(batch), dtype=np.int64)
+    if versions is not None and len(batch):
+        mask = batch.batch[RESPONSE_MASK].bool().numpy()
+        versions = versions.numpy()
+        highest = np.where(mask, versions, np.iinfo(np.int64).min).max(axis=1)
+        lowest = np.where(mask, versions, np.iinfo(np.int64).max).min(axis=1)
+        spans = np.where(mask.any(axis=1), highest - lowest, 0)
+    partial = int((spans > 0).sum())
+    return {
+        "fully_async/partial/total_partial_num": float(partial),
+        "fully_async/partial/partial_ratio": partial / len(batch) if len(batch) else 0.0,
+        "fully_async/partial/max_partial_span": float(spans.max(initial=0)),
+    }
 
 
 def staleness_metrics(batch: Any, step: int) -> dict[str, float]:

@@ -14,7 +14,7 @@ ASYNC_DEFAULTS = {
     "staleness_threshold": 0.1,
     "trigger_parameter_sync_step": 4,
     "require_batches": 1,
-    "partial_rollout": False,
+    "partial_rollout": True,
 }
 
 
@@ -43,7 +43,7 @@ class AsyncTrainingConfig(ConfigModel):
     )
     partial_rollout: bool = Field(
         ASYNC_DEFAULTS["partial_rollout"],
-        description="Interrupt a generation at a weight sync and resume it under the new weights; "
-        "no ppoflow rollout backend can interrupt a generation yet, so true is refused "
-        "[ppoflow: verl's default is true] (bool)",
+        description="Interrupt the generation of a batch in flight at each weight sync and resume "
+        "it under the new weights (each token's policy version kept as rollout_policy_versions); "
+        "the sync falls at a column fixed by the step counts, not by timing (bool)",
     )

@@ -99,6 +99,7 @@ _RS_TOKENS_OR_ROWS = (
 _SIGNAL = "train flow, from the training batch (stages/metrics/signal.py)"
 _ROUNDS = "train flow's generation rounds (flows/gen_rounds.py)"
 _AHEAD = "train flow's rollouts launched ahead (flows/rollout_ahead.py)"
+_PARTIAL = "train flow, from the rollout's rollout_policy_versions (stages/schedules.py), with async_training.partial_rollout"
 _ENTRIES = [
     # --- compute_data_metrics ---
     (
@@ -175,6 +176,24 @@ _ENTRIES = [
         "Rollouts launched ahead: seconds spent on the step's sync of the rollout replica with the actor's weights: the copy into the replica when it is idle, else the copy of the weights queued behind the running rollouts (0 when no sync is due or it holds them already). verl's name.",
         "none (a duration)",
         _AHEAD,
+    ),
+    (
+        "fully_async/partial/total_partial_num",
+        "Partial rollouts: samples whose response tokens were chosen by more than one policy version (a weight sync interrupted their generation and it went on under the new weights; rollout_policy_versions over response_mask). verl's name.",
+        "none (a count of the step batch's rows)",
+        _PARTIAL,
+    ),
+    (
+        "fully_async/partial/partial_ratio",
+        "Partial rollouts: the share of the step batch's samples that are partial (total_partial_num / rows). verl's name.",
+        "rows of the step batch",
+        _PARTIAL,
+    ),
+    (
+        "fully_async/partial/max_partial_span",
+        "Partial rollouts: the largest span of policy versions within one sample, max − min of its tokens' versions (0: no sample was interrupted). verl's name.",
+        "none (a maximum over the step batch's rows)",
+        _PARTIAL,
     ),
     (
         "lineage/staleness/{stat}",
@@ -758,6 +777,11 @@ STEP_METRICS = {
         "lineage/staleness/{stat}",
     ),
     "rollout_apart": ("timing_s/rollout_wait", "timing_s/param_sync"),
+    "partial_rollout": (
+        "fully_async/partial/total_partial_num",
+        "fully_async/partial/partial_ratio",
+        "fully_async/partial/max_partial_span",
+    ),
     "filter_groups": (
         "training/filter_groups/generated_samples",
         "training/filter_groups/evicted_samples",
@@ -846,6 +870,7 @@ def step_metric_names(
     rollout_is: bool = False,
     filter_groups: bool = False,
     rollout_apart: bool = False,
+    partial_rollout: bool = False,
 ) -> list[str]:
     """The names a PPO step with these settings logs every step (:data:`STEP_METRICS`).
 
@@ -859,7 +884,8 @@ def step_metric_names(
     condition for the rollout_correction stage's mismatch metrics, and ``rollout_is`` adds the
     rollout_is stage's weight metrics (decoupled mode with ``rollout_is``); ``filter_groups``
     adds dynamic sampling's counts (``algorithm.filter_groups.enable``), ``rollout_apart`` the
-    timings of a schedule with rollouts launched ahead (``stages.schedules``, ``rollout_apart``). Multi-turn and
+    timings of a schedule with rollouts launched ahead (``stages.schedules``, ``rollout_apart``),
+    ``partial_rollout`` the partial rollouts' counts (``async_training.partial_rollout``). Multi-turn and
     tool-call statistics, validation and MFU metrics are not every-step metrics and are not listed.
 
     Example:
@@ -883,6 +909,7 @@ def step_metric_names(
         "rollout_is": rollout_is,
         "filter_groups": filter_groups,
         "rollout_apart": rollout_apart,
+        "partial_rollout": partial_rollout,
     }
     return [
         name

@@ -139,10 +139,6 @@ CASES = [
     ("async-negative-staleness", "a staleness bound below 0", None,
      ["ppoflow.schedule=fully_async", "async_training.staleness_threshold=-1"],
      ["async_training.staleness_threshold: got -1; must be ≥ 0"]),
-    ("async-partial-rollout", "partial rollouts with a backend that cannot interrupt", None,
-     ["ppoflow.schedule=fully_async", "async_training.partial_rollout=true"],
-     ["async_training.partial_rollout = true: no ppoflow rollout backend can interrupt a "
-      "generation at a weight sync ('hf' cannot); set it to false"]),
     ("async-save-off-the-sync-period", "fully async with checkpoints that split a sync period",
      None, ["ppoflow.schedule=fully_async", "trainer.save_freq=3"],
      ["trainer.save_freq = 3 is not a multiple of async_training.trigger_parameter_sync_step = 4",

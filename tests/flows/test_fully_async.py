@@ -32,6 +32,7 @@ SCHEDULE = (
     "ppoflow.schedule=fully_async",
     "async_training.staleness_threshold=0",
     "async_training.trigger_parameter_sync_step=2",
+    "async_training.partial_rollout=false",  # whole batches (test_partial_rollout_flow.py: not)
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",
     "trainer.test_freq=-1",
 )

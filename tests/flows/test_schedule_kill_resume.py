@@ -1,15 +1,19 @@
 """kill -9 of a run whose rollouts are launched ahead, while a step trains and later steps'
 rollouts run on the replica, resumes to the uninterrupted run.
 
-Two schedules (flows/rollout_ahead.py) on configs/demo-cpu.yaml at the tiny size
+Three schedules (flows/rollout_ahead.py) on configs/demo-cpu.yaml at the tiny size
 (tests/conftest.py: 4 prompts × n 2 per step, 8 response tokens), each with a checkpoint every
 2 steps, which waits for the rollouts launched ahead and records them:
 
 - ``one_step_off``, 4 steps, ``bypass_mode=false`` (the trainer recomputes the old log-probs:
   tests/flows/test_one_step_off.py runs the default, bypass); the checkpoint after step 2 holds
   batch 3;
-- ``fully_async`` with ``staleness_threshold=0``, ``trigger_parameter_sync_step=2``: 2 batches
-  ahead, a sync every 2 steps, 6 steps; the checkpoint after step 2 holds batches 3 and 4.
+- ``fully_async`` with ``staleness_threshold=0``, ``trigger_parameter_sync_step=2`` and
+  ``partial_rollout=false``: 2 batches ahead, a sync every 2 steps, 6 steps; the checkpoint
+  after step 2 holds batches 3 and 4;
+- ``partial``: the same with partial rollouts (verl's default, flows/partial_rollout.py): step
+  3's sync cuts batch 4 halfway, so the checkpoint after step 2 holds batch 3 and batch 4's
+  first half.
 
 One uninterrupted ``ppoflow train`` per schedule (the baseline) first; then, for each kill
 point, a second one whose process group is SIGKILLed there (tests/flows/killpoints/
@@ -37,7 +41,7 @@ import pytest
 import torch
 
 from dataproto.artifact import load_artifact
-from flows.runs.store import RunStore
+from flows.runs.store import RunStore, resolve_in_root
 from stages.engines.checkpoint import checkpoint_dir
 from stages.engines.safe_load import weights_only_load
 
@@ -46,23 +50,23 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 KILLPOINTS = Path(__file__).resolve().parent / "killpoints"
 SAVE_FREQ = 2
-#: schedule → (steps, overrides, the batches step 2's checkpoint holds)
+FULLY_ASYNC = (
+    "ppoflow.schedule=fully_async",
+    "async_training.staleness_threshold=0",
+    "async_training.trigger_parameter_sync_step=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+)
+#: schedule → (steps, overrides, the batches step 2's checkpoint holds whole, those it holds
+#: part of: a partial rollout's segments done)
 SCHEDULES = {
     "one_step_off": (
         4,
         ("ppoflow.schedule=one_step_off", "algorithm.rollout_correction.bypass_mode=false"),
         [3],
+        [],
     ),
-    "fully_async": (
-        6,
-        (
-            "ppoflow.schedule=fully_async",
-            "async_training.staleness_threshold=0",
-            "async_training.trigger_parameter_sync_step=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        ),
-        [3, 4],
-    ),
+    "fully_async": (6, (*FULLY_ASYNC, "async_training.partial_rollout=false"), [3, 4], []),
+    "partial": (6, FULLY_ASYNC, [3], [4]),
 }
 POINTS = (
     ("one_step_off", "checkpoint.saved:1"),  # step 2's checkpoint complete, step 3 not begun
@@ -80,12 +84,17 @@ POINTS = (
     ("fully_async", "replica.sync:2"),  # step 3's sync of θ_2, batches 3 and 4 launched
     ("fully_async", "replica.synced:2"),  # step 3's sync of θ_2 done, batch 5 not launched
     ("fully_async", "reward.start:4"),  # step 4 (no sync) scores batch 4, batch 6 in flight
+    ("partial", "checkpoint.saved:1"),  # step 2's checkpoint: batch 3, half of batch 4
+    ("partial", "replica.synced:2"),  # step 3's sync of θ_2 done, batch 4's rest not queued
+    ("partial", "rollout.start:4"),  # batch 4's second half, on θ_2, in step 3
+    ("partial", "update_actor.start:4"),  # step 4; batch 6's first half on θ_2 in flight or done
 )
 #: the part CI runs, one point per schedule: an update beside a launched rollout, and a launch on
 #: the lane's thread
 REPRESENTATIVE = (
     ("one_step_off", "update_actor.start:3"),
     ("fully_async", "rollout.start:5"),
+    ("partial", "rollout.start:4"),
 )
 SELECTED = POINTS if os.environ.get("PPOFLOW_KILL_MATRIX") == "all" else REPRESENTATIVE
 
@@ -109,7 +118,7 @@ class Runs:
         }
 
     def train(self, schedule: str, name: str, **extra: str) -> tuple[Path, int, int]:
-        steps, schedule_overrides, _ = SCHEDULES[schedule]
+        steps, schedule_overrides, _, _ = SCHEDULES[schedule]
         home = self.root / name
         home.mkdir()
         overrides = self.overrides(
@@ -177,13 +186,20 @@ def runs(tmp_path_factory, make_demo_inputs, tiny_run_overrides, prefect_harness
 
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 def test_the_checkpoint_records_the_launched_rollouts(runs, schedule) -> None:
-    steps, _, held = SCHEDULES[schedule]
+    steps, _, held, partial = SCHEDULES[schedule]
     baseline = runs.baseline(schedule)
     launches = checkpoint_state(baseline, SAVE_FREQ)["rollout_ahead"]["launches"]
-    assert [launch["step"] for launch in launches] == held
+    assert [launch["step"] for launch in launches] == sorted(held + partial)
     store = RunStore(str(baseline / "run"))
     for launch in launches:
-        assert launch["record"]["stage"] == "rollout"
+        if launch["step"] in partial:  # its first half, on θ_0: the sync of step 3 cuts it
+            assert [s["version"] for s in launch["partial"]["segments"]] == [0], launch
+            columns = load_artifact(
+                resolve_in_root(launch["partial"]["columns"]["path"], store.root)
+            )
+            assert columns.batch["responses"].shape[1] == 4  # of R = 8
+        else:
+            assert launch["record"]["stage"] == "rollout"
         assert (
             launch["input"]["fingerprint"] == store.read_journal(launch["step"]).input_fingerprint
         )
@@ -196,7 +212,7 @@ def test_the_checkpoint_records_the_launched_rollouts(runs, schedule) -> None:
 def test_a_kill_resumes_to_the_uninterrupted_run(
     runs, schedule, kill_at, tmp_path, process_groups
 ) -> None:
-    steps, _, held = SCHEDULES[schedule]
+    steps, _, held, _ = SCHEDULES[schedule]
     baseline = runs.baseline(schedule)
     kill_log = tmp_path / "kill.jsonl"
     python_path = os.pathsep.join(filter(None, [str(KILLPOINTS), os.environ.get("PYTHONPATH")]))
@@ -224,10 +240,12 @@ def test_a_kill_resumes_to_the_uninterrupted_run(
         journal, expected = store.read_journal(step), want.read_journal(step)
         assert journal.status == "done", step
         assert journal.input_fingerprint == expected.input_fingerprint, step
-        got = load_artifact(store.artifact_path(step, "rollout")).batch["responses"]
-        assert torch.equal(
-            got, load_artifact(want.artifact_path(step, "rollout")).batch["responses"]
-        )
+        got = load_artifact(store.artifact_path(step, "rollout")).batch
+        expected_rollout = load_artifact(want.artifact_path(step, "rollout")).batch
+        assert got.keys() == expected_rollout.keys(), step
+        for key in ("responses", "rollout_policy_versions"):
+            if key in got.keys():  # noqa: SIM118
+                assert torch.equal(got[key], expected_rollout[key]), (step, key)
     for step in held:  # trained on the batches the checkpoint held
         assert store.read_journal(step).record("rollout").reason.startswith("reused from the")
     assert checkpoint_state(home, steps)["loader"] == checkpoint_state(baseline, steps)["loader"]
