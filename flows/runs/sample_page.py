@@ -15,7 +15,9 @@ channel chosen at the top:
   the page's lowest (most surprising);
 - ``entropy``: the entropy (nats) of the trainer's distribution at the token's position, at the
   rollout temperature, white at 0 (one choice) to blue at the page's largest; only when the
-  step recomputed its old log-probs (their stage keeps it, stages/old_log_prob.py).
+  step recomputed its old log-probs (their stage keeps it, stages/old_log_prob.py);
+- ``policy_version``: for a partial rollout (flows/partial_rollout.py), the version of the
+  weights that chose the token, white at 0 to blue at the page's newest.
 
 Tokens the model did not sample (a tool's turn: ``response_mask`` 0) are grey and uncoloured.
 The page filters the cards by score range and by group; the address's fragment can set the
@@ -40,6 +42,7 @@ CHANNELS: dict[str, tuple[str, str]] = {
     "ratio": ("trainer / rollout probability", "log-diverging"),
     "log_prob": ("rollout log-prob", "surprise"),
     "entropy": ("trainer entropy (nats)", "spread"),
+    "policy_version": ("policy version (partial rollouts)", "spread"),
 }
 POSITIVE, NEGATIVE, SURPRISE, SPREAD = (46, 160, 67), (215, 58, 73), (230, 126, 34), (52, 101, 164)
 

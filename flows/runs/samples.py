@@ -32,7 +32,8 @@ A :class:`Sample` is one generation row:
   ``ratio`` = exp(``old_log_probs`` − ``rollout_log_probs``) (the trainer's probability of the
   token over the rollout's; 1 in bypass mode) and, when that stage recomputed them (not in
   bypass mode), ``entropy`` (its ``entropys``: the entropy of the trainer's distribution at the
-  position, at the rollout temperature).
+  position, at the rollout temperature); for a partial rollout, ``policy_version`` (the
+  rollout's ``rollout_policy_versions``: the version of the weights that chose the token).
 
 Texts are decoded with the run's tokenizer (``actor_rollout_ref.model.tokenizer_path`` of its
 ``config.json``, a relative path read from the directory the run started in, as ``ppoflow export``
@@ -305,6 +306,8 @@ def token_values(sources: dict[str, tuple[DataProto, np.ndarray]]) -> dict[str, 
         if "old_log_prob" in sources:
             old = _rows(sources["old_log_prob"], K.OLD_LOG_PROBS).float()
             values["ratio"] = torch.exp(old - values["log_prob"])
+    if K.ROLLOUT_POLICY_VERSIONS in rollout[0].batch:
+        values["policy_version"] = _rows(rollout, K.ROLLOUT_POLICY_VERSIONS).float()
     if "old_log_prob" in sources and K.ENTROPYS in sources["old_log_prob"][0].batch:
         values["entropy"] = _rows(sources["old_log_prob"], K.ENTROPYS).float()
     return values

@@ -5,6 +5,8 @@ before and after the actor's weights change."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -48,5 +50,57 @@ def test_greedy_on_the_replica_equals_the_actors_hf_greedy_after_each_sync(
                 "rollout/weight_sync/probed": 5.0,
                 "rollout/weight_sync/mismatched": 0.0,
             }
+    finally:
+        replica.close()
+
+
+def test_a_partial_rollout_continues_on_the_replica_from_its_tokens_so_far(
+    tmp_path, encode_prompts, actor_config
+) -> None:
+    """Greedy segments (cut at columns 2 and 4 of 6) on one set of weights decode what one
+    generation decodes; after a sync between segments, the rest is HF greedy's continuation of
+    prompt ‖ the tokens so far on the new weights (flows/partial_rollout.py)."""
+    from flows.partial_rollout import FinishingEngine, PartialRollout
+
+    config = actor_config(
+        make_tiny_model(tmp_path / "model"),
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.max_model_len=128",
+        "actor_rollout_ref.rollout.max_num_seqs=8",
+        "actor_rollout_ref.rollout.do_sample=false",
+        "ppoflow.schedule=one_step_off",  # a replica; the segments are planned by hand here
+    )
+    actor = ActorWorker(config, total_training_steps=1)
+    prompts = encode_prompts(actor.tokenizer, ["abc", "hello", "x"])
+    settings = call_settings(config, actor.tokenizer, len(prompts))
+    replica = build_replica(config, actor.tokenizer)
+
+    def segments(change: bool):
+        partial = PartialRollout(prompts, 3, (2, 4), settings.stop_ids, settings.pad_token_id)
+        for index in range(2):
+            partial.plan(index, f"theta{index}")
+            partial.generate(replica, index)
+        if change:
+            with torch.no_grad():
+                for param in actor.lm.parameters():
+                    param.add_(0.05 * torch.randn_like(param))
+            replica.sync(actor.full_weights().items())
+        partial.plan(2, "theta2")
+        return partial, FinishingEngine(partial, replica).call(
+            "generate_sequences", prompts, seed=3
+        )
+
+    try:
+        replica.sync(actor.full_weights().items())
+        whole = replica.call("generate_sequences", prompts, seed=3)
+        _, same = segments(change=False)
+        assert torch.equal(same.batch["responses"], whole.batch["responses"])
+        partial, moved = segments(change=True)
+        assert moved.batch["rollout_policy_versions"].tolist() == [[0, 0, 1, 1, 2, 2]] * 3
+        continuation = partial._continuation(torch.arange(3))  # prompt ‖ the first 4 tokens
+        hf = generate_sequences(actor.lm, continuation, replace(settings, response_length=2))
+        open_rows = moved.batch["response_mask"][:, 3].bool()  # rows not ended by column 4
+        got, want = moved.batch["responses"][:, 4:], hf.batch["responses"]
+        assert torch.equal(got[open_rows], want[open_rows])
     finally:
         replica.close()

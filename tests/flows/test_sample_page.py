@@ -28,6 +28,7 @@ class LetterTokenizer:
 def sample(row, uid, score, advantages, log_probs, ratios, mask=None) -> Sample:
     n = len(advantages)
     entropies = [round(-0.5 * value, 3) for value in log_probs]  # any values ≥ 0
+    versions = [float(2 * row)] * (n - 1) + [float(2 * row + 1)]  # a partial rollout's last token
     return Sample(
         row=row,
         batch_row=row,
@@ -43,6 +44,7 @@ def sample(row, uid, score, advantages, log_probs, ratios, mask=None) -> Sample:
             "log_prob": log_probs,
             "ratio": ratios,
             "entropy": entropies,
+            "policy_version": versions,
         },
     )
 
@@ -67,6 +69,7 @@ def test_the_scales_are_over_the_sampled_tokens_only():
     assert channel_scale("log_prob", found) == 3.0
     assert channel_scale("ratio", found) == pytest.approx(math.log(2.0))
     assert channel_scale("entropy", found) == 1.5  # 25.0 is the tool token's
+    assert channel_scale("policy_version", found) == 4.0  # 5.0 is the tool token's
 
 
 def test_the_page_data_holds_every_sample_and_token():
@@ -81,9 +84,10 @@ def test_the_page_data_holds_every_sample_and_token():
         "log_prob": -2.0,
         "ratio": 1.2,
         "entropy": 1.0,
+        "policy_version": 0.0,
     }
     assert data["samples"][2]["tokens"][2]["m"] == 0
-    assert set(data["channels"]) == {"advantage", "ratio", "log_prob", "entropy"}
+    assert set(data["channels"]) == {"advantage", "ratio", "log_prob", "entropy", "policy_version"}
     assert data["channels"]["entropy"]["kind"] == "spread"
 
 
@@ -147,7 +151,7 @@ def rendered(page: Path, fragment: str = "") -> Spans:
     return parsed
 
 
-@pytest.mark.parametrize("channel", ["advantage", "log_prob", "ratio", "entropy"])
+@pytest.mark.parametrize("channel", ["advantage", "log_prob", "ratio", "entropy", "policy_version"])
 def test_in_chromium_every_sampled_token_has_the_colour_of_its_value(tmp_path, channel):
     found = step_samples()
     page = tmp_path / "step_3.html"
