@@ -5,6 +5,8 @@ Run from the repository root:
     .venv/bin/python bench/engines.py                  # B=64 rows × (P=64 + R=128), the full run
     .venv/bin/python bench/engines.py --small          # B=16 × (16 + 32), a smoke run
     .venv/bin/python bench/engines.py --threads 4      # torch intra-op threads (printed)
+    .venv/bin/python bench/engines.py --only update --shape 256,9,16,256 --models tiny
+                                                       # the demo's step: 256 rows × (9 + 16), one micro-batch
 
 Cases, each on two random-init Qwen2 models — ``tiny`` (``make_tiny_model``: hidden 128, 2 layers,
 vocab 261) and ``qwen2-256`` (hidden 256, 4 layers, vocab 1024) — with the baseline measured in
@@ -255,11 +257,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="k in best-of-k")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--only", choices=sorted(CASES), help="run a single case")
+    parser.add_argument(
+        "--shape", help="B,P,R,micro: rows, prompt and response widths, rows per micro-batch"
+    )
+    parser.add_argument("--models", help="comma-separated: tiny, qwen2-256 (default both)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()  # load reports and the min_new_tokens override notice
     hf_logging.disable_progress_bar()
     shape = Shape(16, 16, 32, micro=8) if args.small else Shape(64, 64, 128, micro=16)
+    if args.shape:
+        rows, prompt, response, micro = (int(part) for part in args.shape.split(","))
+        shape = Shape(rows, prompt, response, micro=micro)
     print(
         f"B={shape.rows} P={shape.prompt} R={shape.response} micro={shape.micro} "
         f"torch threads={torch.get_num_threads()} best of {args.repeats}"
@@ -269,6 +278,8 @@ def main() -> None:
         models = write_models(Path(root))
         rows = []
         for name, model_dir in models.items():
+            if args.models and name not in args.models.split(","):
+                continue
             vocab = load_causal_lm(model_dir).config.vocab_size
             batch = rollout_batch(shape, vocab, pad=0)
             valid = int(batch.batch["attention_mask"].sum())

@@ -217,30 +217,50 @@ def build_vllm_rollout(
     in_process: bool | None,
     executor: Mapping[str, str],
 ) -> Any:
-    """A ``VLLMRollout`` of the run's model directory with the ``rollout.*`` engine settings
-    (on the CPU a KV cache of :func:`vllm_kv_cache_bytes` for ``hf_config``), its engine core in
-    this process or not (``in_process``), ``executor``: further engine keywords (the executor
-    backend)."""
+    """A ``VLLMRollout`` of :func:`vllm_rollout_arguments`."""
     from stages.engines.rollout_vllm import VLLMRollout
 
+    return VLLMRollout(
+        **vllm_rollout_arguments(
+            config,
+            hf_config,
+            tensor_parallel_size=tensor_parallel_size,
+            in_process=in_process,
+            executor=executor,
+        )
+    )
+
+
+def vllm_rollout_arguments(
+    config: Any,
+    hf_config: Any,
+    *,
+    tensor_parallel_size: int,
+    in_process: bool | None,
+    executor: Mapping[str, str],
+) -> dict[str, Any]:
+    """``VLLMRollout``'s arguments for the run's model directory with the ``rollout.*`` engine
+    settings (on the CPU a KV cache of :func:`vllm_kv_cache_bytes` for ``hf_config``), its engine
+    core in this process or not (``in_process``), ``executor``: further engine keywords (the
+    executor backend). Plain data, so another process can build the same engine."""
     rollout = config.actor_rollout_ref.rollout
     on_cpu = not torch.cuda.is_available()
-    return VLLMRollout(
-        config.actor_rollout_ref.model.path,
-        dtype=rollout.dtype,
-        max_model_len=rollout.max_model_len,
-        tensor_parallel_size=tensor_parallel_size,
-        gpu_memory_utilization=rollout.gpu_memory_utilization,
-        kv_cache_memory_bytes=vllm_kv_cache_bytes(rollout, hf_config) if on_cpu else None,
-        enforce_eager=rollout.enforce_eager,
-        seed=rollout.seed,
-        in_process=in_process,
-        engine_kwargs={
+    return {
+        "model_path": str(config.actor_rollout_ref.model.path),
+        "dtype": rollout.dtype,
+        "max_model_len": rollout.max_model_len,
+        "tensor_parallel_size": tensor_parallel_size,
+        "gpu_memory_utilization": rollout.gpu_memory_utilization,
+        "kv_cache_memory_bytes": vllm_kv_cache_bytes(rollout, hf_config) if on_cpu else None,
+        "enforce_eager": rollout.enforce_eager,
+        "seed": rollout.seed,
+        "in_process": in_process,
+        "engine_kwargs": {
             "max_num_seqs": rollout.max_num_seqs,
             "max_num_batched_tokens": rollout.max_num_batched_tokens,
             **executor,
         },
-    )
+    }
 
 
 class ActorWorker(_CheckpointMixin):

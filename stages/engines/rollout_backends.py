@@ -118,15 +118,15 @@ def _vllm_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
 
 
 def _hf_replica(config: Any, tokenizer: Any) -> Any:
-    from stages.engines.rollout_replica import ProcessReplica
+    from stages.engines.rollout_replica import hf_replica
 
-    return ProcessReplica(config, tokenizer)
+    return hf_replica(config, tokenizer)
 
 
 def _vllm_replica(config: Any, tokenizer: Any) -> Any:
-    from stages.engines.rollout_replica import VLLMReplica
+    from stages.engines.rollout_replica import vllm_replica
 
-    return VLLMReplica(config, tokenizer)
+    return vllm_replica(config, tokenizer)
 
 
 ROLLOUT_BACKENDS.add(

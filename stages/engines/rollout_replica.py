@@ -1,22 +1,26 @@
 """A copy of the policy apart from the trainer: the rollout engine of a schedule that generates
 while the trainer updates (``stages.schedules``, ``rollout_apart``).
 
-A replica holds the weights of the last :meth:`sync` and nothing else changes them, so a batch
-it generates while the actor updates is the batch those weights generate. It is called like a
-worker group (``call("generate_sequences", prompts, **kwargs)``, the actor worker's keyword
-arguments, sampling settings from :func:`~stages.engines.roles.call_settings`), so the rollout
-stage runs on it unchanged, given it as its ``actor`` engine.
+A replica holds the weights of the last :meth:`ProcessReplica.sync` and nothing else changes
+them, so a batch it generates while the actor updates is the batch those weights generate. It is
+called like a worker group (``call("generate_sequences", prompts, **kwargs)``, the actor worker's
+keyword arguments, sampling settings from :func:`~stages.engines.roles.call_settings`), so the
+rollout stage runs on it unchanged, given it as its ``actor`` engine.
 
-Each rollout backend's registry entry builds its own (``RolloutBackendSpec.build_replica``):
+Every backend's replica is :class:`ProcessReplica`: one process of its own (spawned, so its torch
+RNG is its own: the main process's draws cannot move its sampling, and the other way round),
+holding the engine its registry entry names (``RolloutBackendSpec.build_replica``):
 
-- ``hf``: :class:`ProcessReplica`, HF ``generate`` on a model in a process of its own (spawned,
-  so its torch RNG is its own: the main process's draws cannot move its sampling, and the other
-  way round). Its parameters are views of shared-memory buffers the trainer fills at each sync
-  (one copy per parameter, no pickling of weights); prompts and responses go through a pipe.
-  The process ends when its pipe's other end closes: with the trainer, however that ends.
-- ``vllm``: :class:`VLLMReplica`, a vLLM engine whose core runs in a process of its own
-  (``VLLM_ENABLE_V1_MULTIPROCESSING=1``) with the model in that process (the ``uni`` executor,
-  no worker process beside it), sent the weights as vLLM's own sync does.
+- ``hf``: HF ``generate`` on the model (:class:`HFChild`); on the CPU its parameters are views of
+  the shared buffers, so a sync copies nothing more;
+- ``vllm``: a vLLM engine whose engine core runs in that process (:class:`VLLMChild`), loaded
+  from the shared buffers as vLLM's own sync loads weights. On the CPU vLLM otherwise runs its
+  engine core and its worker as two processes, the engine core polling the worker while it
+  generates: a third process's worth of CPU taken from the trainer beside it.
+
+The trainer fills shared-memory buffers at each sync (one copy per parameter, no pickling of
+weights); prompts and responses go through a pipe. The process ends when its pipe's other end
+closes: with the trainer, however that ends.
 
 A replica runs beside the driver, whatever the worker backend: its weights come from the actor's
 rank 0 (``ActorWorker.full_weights``: gathered under ZeRO-3, merged with LoRA), and it generates
@@ -53,31 +57,25 @@ def _as_tensors(batch: DataProto) -> dict[str, Tensor]:
 
 
 class ProcessReplica:
-    """The ``hf`` backend's replica (module docstring), for the run config ``config`` (the
-    model directory and the sampling settings) and its tokenizer; the process starts here and
-    loads the model directory, onto the GPU where this process sees one."""
+    """A backend's replica (module docstring), for the run config ``config`` (the model
+    directory and the sampling settings) and its tokenizer; the process starts here and builds
+    its engine, ``child(spec)`` (:class:`HFChild`, :class:`VLLMChild`), onto the GPU where this
+    process sees one."""
 
     world_size = 1
 
-    def __init__(self, config: Any, tokenizer: Any) -> None:
-        self.config, self.tokenizer = config, tokenizer
-        model = self.config.actor_rollout_ref.model
-        spec = {
-            "path": model.path,
-            "dtype": model.dtype,
-            "attn_implementation": model.attn_implementation,
-            "trust_remote_code": model.trust_remote_code,
-        }
+    def __init__(self, config: Any, tokenizer: Any, child: type, spec: dict[str, Any]) -> None:
+        self.config, self.tokenizer, self.child = config, tokenizer, child
         context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
+        self._conn, end = context.Pipe()
         self._process = context.Process(
             target=serve_replica,
-            args=(child, spec, torch.get_num_threads()),
+            args=(end, child, spec, torch.get_num_threads()),
             name="ppoflow-rollout-replica",
             daemon=True,
         )
         self._process.start()
-        child.close()
+        end.close()
         self._buffers: dict[str, Tensor] | None = None
         self.last_sync: SyncCheck | None = None  # the probe of the last sync (weight_probe)
 
@@ -147,44 +145,38 @@ class ProcessReplica:
         self._conn.close()
 
 
-def serve_replica(conn: Any, spec: dict[str, Any], threads: int) -> None:
-    """The replica process: load the model, then answer each message ``(kind, body)`` —
-    ``weights`` (name → shared buffer, the first sync), ``synced`` (the buffers were refilled):
-    both answered with the digests of the sync probe (``stages.engines.weight_probe``),
+def serve_replica(conn: Any, child: type, spec: dict[str, Any], threads: int) -> None:
+    """The replica process: build ``child(spec, device)``, then answer each message ``(kind,
+    body)`` — ``weights`` (name → shared buffer, the first sync), ``synced`` (the buffers were
+    refilled): both answered with the digests of the sync probe (``stages.engines.weight_probe``),
     ``generate`` ((prompt tensors, settings)), ``close`` — with ``("ok", answer)`` or
     ``("error", traceback)``, until the pipe closes."""
     torch.set_num_threads(threads)
     from transformers.utils import logging as hf_logging
 
-    from stages.engines.models import load_causal_lm
-    from stages.engines.rollout_hf import generate_sequences
-
     hf_logging.disable_progress_bar()  # the trainer's console shows its own lines only
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    lm = load_causal_lm(**spec).eval().to(device)
-    params, buffers = dict(lm.named_parameters()), {}
+    engine = child(spec, device)
+    buffers: dict[str, Tensor] = {}
     while True:
         try:
             kind, body = conn.recv()
         except (EOFError, OSError):
+            engine.close()
             return
         try:
             answer = None
             if kind == "close":
+                engine.close()
                 return
             if kind == "weights":
-                missing = sorted(set(params) - set(body))
-                if missing:
-                    raise KeyError(f"the sync lacks parameters {missing[:5]}")
                 buffers = body
-                _load(params, buffers, device)
-                answer = engine_digests(lm.named_parameters(), filter(is_probed, params))
+                answer = engine.load(buffers, first=True)
             elif kind == "synced":
-                _load(params, buffers, device)
-                answer = engine_digests(lm.named_parameters(), filter(is_probed, params))
+                answer = engine.load(buffers, first=False)
             else:
                 tensors, settings = body
-                answer = _as_tensors(generate_sequences(lm, DataProto.from_dict(tensors), settings))
+                answer = _as_tensors(engine.generate(DataProto.from_dict(tensors), settings))
             conn.send(("ok", answer))
         except Exception:
             try:
@@ -193,71 +185,67 @@ def serve_replica(conn: Any, spec: dict[str, Any], threads: int) -> None:
                 return
 
 
-def _load(params: dict[str, Tensor], buffers: dict[str, Tensor], device: torch.device) -> None:
-    """The replica's parameters from the shared buffers: on the CPU they become views of them
-    (a sync then needs no copy here), on a GPU they are copied."""
-    with torch.no_grad():
-        for name, buffer in buffers.items():
-            if device.type == "cpu":
-                params[name].data = buffer
-            else:
-                params[name].copy_(buffer, non_blocking=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+class HFChild:
+    """The ``hf`` replica's engine: the model directory loaded with HF (``spec``: the
+    ``load_causal_lm`` arguments), generating with ``rollout_hf.generate_sequences``."""
+
+    def __init__(self, spec: dict[str, Any], device: torch.device) -> None:
+        from stages.engines.models import load_causal_lm
+
+        self.device = device
+        self.lm = load_causal_lm(**spec).eval().to(device)
+        self.params = dict(self.lm.named_parameters())
+
+    def load(self, buffers: dict[str, Tensor], first: bool) -> dict:
+        """The parameters from the shared buffers (on the CPU they become views of them, so a
+        later sync needs no copy here; on a GPU they are copied); the probe's digests."""
+        if first:
+            missing = sorted(set(self.params) - set(buffers))
+            if missing:
+                raise KeyError(f"the sync lacks parameters {missing[:5]}")
+        with torch.no_grad():
+            for name, buffer in buffers.items():
+                if self.device.type == "cpu":
+                    self.params[name].data = buffer
+                else:
+                    self.params[name].copy_(buffer, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return engine_digests(self.lm.named_parameters(), filter(is_probed, self.params))
+
+    def generate(self, prompts: DataProto, settings: Any) -> DataProto:
+        from stages.engines.rollout_hf import generate_sequences
+
+        return generate_sequences(self.lm, prompts, settings)
+
+    def close(self) -> None:
+        pass
 
 
-class VLLMReplica:
-    """The ``vllm`` backend's replica (module docstring): a ``VLLMRollout`` whose engine core
-    runs in a process of its own."""
+class VLLMChild:
+    """The ``vllm`` replica's engine: a ``VLLMRollout`` built in this process with its engine
+    core here too (``spec``: ``roles.vllm_rollout_arguments``, ``in_process``), sent the shared
+    buffers as the on-policy sync sends the actor's weights."""
 
-    world_size = 1
+    def __init__(self, spec: dict[str, Any], device: torch.device) -> None:
+        from stages.engines.rollout_vllm import VLLMRollout
 
-    def __init__(self, config: Any, tokenizer: Any) -> None:
-        from transformers import AutoConfig
+        self.vllm = VLLMRollout(**spec)
 
-        from stages.engines.roles import build_vllm_rollout
+    def load(self, buffers: dict[str, Tensor], first: bool) -> dict:
+        """``sync_weights`` from the buffers; the engine's digests of the probed tensors."""
+        self.vllm.sync_weights(buffers.items())
+        names = sorted(filter(is_probed, buffers))
+        return self.vllm.llm.collective_rpc("ppoflow_probe_weights", args=(names,))[0]
 
-        self.config, self.tokenizer = config, tokenizer
-        model = config.actor_rollout_ref.model
-        hf_config = AutoConfig.from_pretrained(
-            model.path, trust_remote_code=model.trust_remote_code
-        )
-        # the engine core in a process of its own, the model in that process (the uni
-        # executor, not a worker process beside it): one process generating beside the trainer
-        self.vllm = build_vllm_rollout(
-            config,
-            hf_config,
-            tensor_parallel_size=1,
-            in_process=False,
-            executor={"distributed_executor_backend": "uni"},
-        )
-
-    def sync(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        self.vllm.sync_weights(weights)
-
-    def call(self, method: str, batch: DataProto, **kwargs: Any) -> DataProto:
-        from stages.engines.roles import call_settings
-
-        _check_method(method)
-        settings = call_settings(self.config, self.tokenizer, len(batch), **kwargs)
-        out = self.vllm.generate_sequences(batch, settings)
-        if self.vllm.last_sync is not None:  # the probe of its last sync, as the actor's engine
-            out.meta_info.setdefault(K.METRICS, {}).update(self.vllm.last_sync.metrics())
-        return out
-
-    def kill(self) -> None:
-        """vLLM's engine core stops with its client; a generation it runs is abandoned."""
-        self.close()
+    def generate(self, prompts: DataProto, settings: Any) -> DataProto:
+        return self.vllm.generate_sequences(prompts, settings)
 
     def close(self) -> None:
         """Shut the engine down; vLLM's lines about its own shutdown stay out of the console."""
         vllm_logger = logging.getLogger("vllm")
-        level = vllm_logger.level
         vllm_logger.setLevel(logging.ERROR)
-        try:
-            self.vllm.close()
-        finally:
-            vllm_logger.setLevel(level)
+        self.vllm.close()
 
 
 def build_replica(config: Any, tokenizer: Any) -> Any:
@@ -266,3 +254,34 @@ def build_replica(config: Any, tokenizer: Any) -> Any:
 
     name = config.actor_rollout_ref.rollout.name
     return ROLLOUT_BACKENDS.get(name).build_replica(config, tokenizer)
+
+
+def hf_replica(config: Any, tokenizer: Any) -> ProcessReplica:
+    """The ``hf`` backend's replica: :class:`HFChild` on the run's model directory."""
+    model = config.actor_rollout_ref.model
+    spec = {
+        "path": model.path,
+        "dtype": model.dtype,
+        "attn_implementation": model.attn_implementation,
+        "trust_remote_code": model.trust_remote_code,
+    }
+    return ProcessReplica(config, tokenizer, HFChild, spec)
+
+
+def vllm_replica(config: Any, tokenizer: Any) -> ProcessReplica:
+    """The ``vllm`` backend's replica: :class:`VLLMChild`, the rollout's engine settings, the
+    engine core in the replica's process and, there, the model (vLLM's ``uni`` executor)."""
+    from transformers import AutoConfig
+
+    from stages.engines.roles import vllm_rollout_arguments
+
+    model = config.actor_rollout_ref.model
+    hf_config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    spec = vllm_rollout_arguments(
+        config,
+        hf_config,
+        tensor_parallel_size=1,
+        in_process=True,
+        executor={"distributed_executor_backend": "uni"},
+    )
+    return ProcessReplica(config, tokenizer, VLLMChild, spec)

@@ -10,7 +10,7 @@ import torch
 from dataproto import DataProto
 from stages.data.tiny_model import make_tiny_model
 from stages.engines.roles import ActorWorker
-from stages.engines.rollout_replica import ProcessReplica, build_replica
+from stages.engines.rollout_replica import HFChild, ProcessReplica, build_replica, hf_replica
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,8 @@ def prompts(actor, encode_prompts) -> DataProto:
 
 
 def test_the_hf_backend_builds_a_process_replica(replica) -> None:
-    assert isinstance(replica, ProcessReplica) and replica.pid is not None
+    assert isinstance(replica, ProcessReplica) and replica.child is HFChild
+    assert replica.pid is not None
 
 
 def test_it_samples_what_the_actor_samples_with_the_same_weights_and_seed(
@@ -82,7 +83,7 @@ def test_it_refuses_what_is_not_a_rollout(replica, prompts) -> None:
 def test_before_its_first_sync_it_refuses_and_it_ends_with_the_trainers_pipe(
     actor, prompts
 ) -> None:
-    replica = ProcessReplica(actor.config, actor.tokenizer)
+    replica = hf_replica(actor.config, actor.tokenizer)
     with pytest.raises(RuntimeError, match="has no weights yet: sync it first"):
         replica.call("generate_sequences", prompts)
     replica._conn.close()  # as when the trainer's process dies: the child's recv sees EOF

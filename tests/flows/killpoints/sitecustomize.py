@@ -523,11 +523,9 @@ def _patch_gen_rounds(module: Any) -> None:
 
 
 def _patch_replicas(module: Any) -> None:
-    for cls in (module.ProcessReplica, module.VLLMReplica):
-        sync = _before(cls.sync, lambda replica, _weights: ("replica.sync", type(replica).__name__))
-        cls.sync = _after(
-            sync, lambda replica, _weights: ("replica.synced", type(replica).__name__)
-        )
+    cls = module.ProcessReplica  # every backend's replica
+    sync = _before(cls.sync, lambda replica, _weights: ("replica.sync", type(replica).__name__))
+    cls.sync = _after(sync, lambda replica, _weights: ("replica.synced", type(replica).__name__))
 
 
 PATCHES: dict[str, Callable[[Any], None]] = {
