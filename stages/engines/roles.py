@@ -242,7 +242,8 @@ def vllm_rollout_arguments(
     """``VLLMRollout``'s arguments for the run's model directory with the ``rollout.*`` engine
     settings (on the CPU a KV cache of :func:`vllm_kv_cache_bytes` for ``hf_config``), its engine
     core in this process or not (``in_process``), ``executor``: further engine keywords (the
-    executor backend). Plain data, so another process can build the same engine."""
+    executor backend); on the CPU, no chunked prefill (the comment below). Plain data, so another
+    process can build the same engine."""
     rollout = config.actor_rollout_ref.rollout
     on_cpu = not torch.cuda.is_available()
     return {
@@ -258,6 +259,10 @@ def vllm_rollout_arguments(
         "engine_kwargs": {
             "max_num_seqs": rollout.max_num_seqs,
             "max_num_batched_tokens": rollout.max_num_batched_tokens,
+            # a seeded request whose prompt vLLM prefills in chunks rewinds its sampler's
+            # generator between chunks, which a CPU generator cannot do ("CPU Generator does
+            # not use offset"): on the CPU prompts are prefilled whole
+            **({"enable_chunked_prefill": False} if on_cpu else {}),
             **executor,
         },
     }

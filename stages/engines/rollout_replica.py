@@ -156,7 +156,14 @@ def serve_replica(conn: Any, child: type, spec: dict[str, Any], threads: int) ->
 
     hf_logging.disable_progress_bar()  # the trainer's console shows its own lines only
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    engine = child(spec, device)
+    try:
+        engine = child(spec, device)
+    except Exception:  # the trainer's next message hears why, not only that the process ended
+        failed = traceback.format_exc()
+        with contextlib.suppress(EOFError, OSError):
+            conn.recv()
+            conn.send(("error", f"building its engine failed:\n{failed}"))
+        return
     buffers: dict[str, Tensor] = {}
     while True:
         try:

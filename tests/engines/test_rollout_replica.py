@@ -112,3 +112,13 @@ def test_each_sync_is_probed_and_one_that_reached_nothing_is_named(actor, replic
         replica._buffers = shared
         replica.sync(actor.full_weights().items())
     assert replica.last_sync.mismatched == ()
+
+
+def test_an_engine_that_cannot_be_built_is_named_at_the_first_call(actor, tmp_path) -> None:
+    spec = {"path": str(tmp_path / "no-model"), "dtype": "float32"}
+    replica = ProcessReplica(actor.config, actor.tokenizer, HFChild, spec)
+    try:
+        with pytest.raises(RuntimeError, match="building its engine failed"):
+            replica.sync(actor.full_weights().items())
+    finally:
+        replica.close()

@@ -75,7 +75,9 @@ def test_a_partial_rollout_continues_on_the_replica_from_its_tokens_so_far(
         "ppoflow.schedule=one_step_off",  # a replica; the segments are planned by hand here
     )
     actor = ActorWorker(config, total_training_steps=1)
-    prompts = encode_prompts(actor.tokenizer, ["abc", "hello", "x"])
+    texts = ["abc", "hello there", "x", "a longer prompt than that"]
+    prompts = encode_prompts(actor.tokenizer, texts, 6)
+    rows = len(prompts)
     settings = call_settings(config, actor.tokenizer, len(prompts))
     replica = build_replica(config, actor.tokenizer)
 
@@ -100,11 +102,39 @@ def test_a_partial_rollout_continues_on_the_replica_from_its_tokens_so_far(
         _, same = segments(change=False)
         assert torch.equal(same.batch["responses"], whole.batch["responses"])
         partial, moved = segments(change=True)
-        assert moved.batch["rollout_policy_versions"].tolist() == [[0, 0, 1, 1, 2, 2]] * 3
-        continuation = partial._continuation(torch.arange(3))  # prompt ‖ the first 4 tokens
+        assert moved.batch["rollout_policy_versions"].tolist() == [[0, 0, 1, 1, 2, 2]] * rows
+        continuation = partial._continuation(torch.arange(rows))  # prompt ‖ the first 4 tokens
         hf = generate_sequences(actor.lm, continuation, replace(settings, response_length=2))
         open_rows = moved.batch["response_mask"][:, 3].bool()  # rows not ended by column 4
         got, want = moved.batch["responses"][:, 4:], hf.batch["responses"]
         assert torch.equal(got[open_rows], want[open_rows])
+    finally:
+        replica.close()
+
+
+def test_seeded_sampling_of_more_prompt_tokens_than_one_engine_step_batches(
+    tmp_path, encode_prompts, actor_config
+) -> None:
+    """24 prompts of up to 27 tokens against vLLM's 128 tokens per engine step, sampled with a
+    seed: on the CPU vLLM cannot prefill a seeded request in chunks ("CPU Generator does not use
+    offset"), so the engine is built to prefill prompts whole (roles.vllm_rollout_arguments)."""
+    config = actor_config(
+        make_tiny_model(tmp_path / "model"),
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.max_model_len=128",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=128",
+        "actor_rollout_ref.rollout.max_num_seqs=32",
+        "ppoflow.schedule=one_step_off",
+    )
+    actor = ActorWorker(config, total_training_steps=1)
+    texts = ["abc", "hello there", "x", "a longer prompt than that"]
+    prompts = encode_prompts(actor.tokenizer, texts, 6)
+    assert int(prompts.batch["attention_mask"].sum()) > 128
+    replica = build_replica(config, actor.tokenizer)
+    try:
+        replica.sync(actor.full_weights().items())
+        first, again = (replica.call("generate_sequences", prompts, seed=5) for _ in range(2))
+        assert first.batch["responses"].shape == (len(prompts), 6)
+        assert torch.equal(first.batch["responses"], again.batch["responses"])  # seeded
     finally:
         replica.close()
