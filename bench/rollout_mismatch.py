@@ -3,11 +3,11 @@ between the rollout's and the trainer's log-probs, and truncated importance samp
 update bounded.
 
     OMP_NUM_THREADS=1 flock /tmp/ppoflow-train.lock .venv/bin/python bench/rollout_mismatch.py \
-        [--steps 40]
+        [--steps 40] [--sources 'async, T = 8;async, T = 8, partial'] [--corrections none]
 
 configs/demo-cpu.yaml (GRPO, 64 prompts × 4, the tiny model, HF rollouts) with
 ``algorithm.rollout_correction.bypass_mode=false`` everywhere, so the trainer recomputes the old
-log-probs and the rollout_correction stage measures the gap to the rollout's. Four sources of
+log-probs and the rollout_correction stage measures the gap to the rollout's. Sources of
 mismatch, from none to the most:
 
 - **matched**: on policy; the rollout's log-probs are the actor's own (rounding only);
@@ -15,7 +15,13 @@ mismatch, from none to the most:
 - **async, T = 4**: ``ppoflow.schedule=fully_async`` with ``trigger_parameter_sync_step=4``,
   ``staleness_threshold=0.1``: batches up to 7 updates old;
 - **async, T = 8**: ``trigger_parameter_sync_step=8``, ``staleness_threshold=1``: 16 batches
-  ahead, up to 23 updates old.
+  ahead, up to 23 updates old;
+- **… partial**: the async sources with partial rollouts (``partial_rollout=true``): each sync
+  cuts the batches in flight, whose later tokens come from the newer weights (the async sources
+  above generate whole batches, ``partial_rollout=false``).
+
+``--sources`` picks some by name (separated by ``;``, as the names hold commas; default all),
+``--corrections`` likewise.
 
 each without correction and with ``rollout_is=token`` (weights truncated at
 ``rollout_is_threshold`` = 2). Per run, over its steps: the mean of ``rollout_corr/k3_kl`` and of
@@ -53,6 +59,11 @@ SOURCES = {
         "async_training.partial_rollout=false",
     ],
 }
+for _whole in ("async, T = 4", "async, T = 8"):
+    SOURCES[f"{_whole}, partial"] = [
+        *(o for o in SOURCES[_whole] if not o.startswith("async_training.partial_rollout")),
+        "async_training.partial_rollout=true",
+    ]
 CORRECTIONS = {
     "none": [],
     "token IS ≤ 2": [
@@ -77,18 +88,22 @@ def run(root: Path, name: str, extra: list[str], args, env) -> tuple[float, list
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--sources", default=";".join(SOURCES))
+    parser.add_argument("--corrections", default=";".join(CORRECTIONS))
     args = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     print(f"load average at start: {os.getloadavg()}")
     print(
-        f"{'mismatch':>14} {'correction':>13} {'k3 kl':>9} {'|Δlog ppl|':>10} "
+        f"{'mismatch':>22} {'correction':>13} {'k3 kl':>9} {'|Δlog ppl|':>10} "
         f"{'cut':>8} {'max |pg_loss|':>13} {'max grad_norm':>13} {'val':>6}"
     )
     with tempfile.TemporaryDirectory(prefix="rollout-mismatch-") as tmp:
         root = Path(tmp)
         make_demo(root, env)
-        for source, source_overrides in SOURCES.items():
-            for correction, correction_overrides in CORRECTIONS.items():
+        for source in args.sources.split(";"):
+            source_overrides = SOURCES[source]
+            for correction in args.corrections.split(";"):
+                correction_overrides = CORRECTIONS[correction]
                 name = re.sub(r"[^A-Za-z0-9]+", "_", f"{source}-{correction}")
                 score, steps = run(root, name, source_overrides + correction_overrides, args, env)
                 kl = statistics.fmean(m["rollout_corr/k3_kl"] for m in steps)
@@ -100,7 +115,7 @@ def main() -> None:
                 grad = max(m["actor/grad_norm"] for m in steps)
                 is_text = f"{cut:>8.2%}" if correction != "none" else f"{'-':>8}"
                 print(
-                    f"{source:>14} {correction:>13} {kl:>9.2e} {ppl:>10.2e} {is_text} "
+                    f"{source:>22} {correction:>13} {kl:>9.2e} {ppl:>10.2e} {is_text} "
                     f"{loss:>13.4f} {grad:>13.4f} {score:>6.3f}"
                 )
     print(f"load average at end: {os.getloadavg()}")
