@@ -158,6 +158,8 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
     Unless ``verbose``, Prefect's log records (a failed task's "Finished in state Failed", a
     stop's "Crash detected!") go to the run's log file for the whole run, not the terminal, where
     the command's one line says what happened (flows/process/startup.py ``prefect_records_to``)."""
+    from transformers.utils import logging as hf_logging
+
     from flows.process.prefect_server import own_server_settings, started_ahead
     from flows.process.server_guard import ServerGuard, exit_without_prefect, lost_line
     from flows.process.startup import log_file_for, prefect_records_to, startup_output
@@ -167,6 +169,9 @@ def train_in_phases(cfg: Any, run_dir: str | None, source: str, verbose: bool) -
     from flows.version import ppoflow_version
     from stages.engines.checkpoint import read_latest_step
 
+    # transformers' progress bars (loading weights, writing a checkpoint's shards) would cut
+    # into the command's own lines, at start-up and after it
+    hf_logging.disable_progress_bar()
     run_dir = run_dir or default_run_dir(cfg)
     header = f"ppoflow {ppoflow_version()} · {source} · run dir {run_dir}"
     server = started_ahead()  # launched before the imports, still starting

@@ -58,6 +58,32 @@ SERVER_ENV = {
     "PREFECT__SERVER_EPHEMERAL": "1",
     "PREFECT__SERVER_FINAL": "1",
 }
+#: the temporary server's defaults here (the environment's values win): its task runs are
+#: recorded in batches, one write a second instead of one per event, and the event persister
+#: (the UI's event feed) and the triggers (automations) do not run, as a server without a UI that
+#: ends with its run has neither; its CPU beside a training is in bench/README.md ("Side
+#: processes").
+SERVER_DEFAULTS = {
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+}
+
+
+def server_environment(env: dict[str, str]) -> dict[str, str]:
+    """The temporary server's environment: :data:`SERVER_DEFAULTS` unless ``env`` sets them,
+    ``env``, then :data:`SERVER_ENV`.
+
+    >>> server_environment({"PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "true"})[
+    ...     "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED"]
+    'true'
+    >>> server_environment({})["PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED"]
+    'false'
+    """
+    return {**SERVER_DEFAULTS, **env, **SERVER_ENV}
+
+
 #: uvicorn's exit status when its port was taken meanwhile (Prefect retries on it too)
 PORT_TAKEN = 3
 #: how long :meth:`TemporaryServer.stop` waits for a graceful exit before it kills
@@ -131,7 +157,7 @@ class TemporaryServer:
             with open(self.log_path, "ab") as log:
                 self.process = subprocess.Popen(
                     self.command(),
-                    env=lifeline.child_env({**env, **SERVER_ENV}),
+                    env=lifeline.child_env(server_environment(env)),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
