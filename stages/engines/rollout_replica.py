@@ -117,7 +117,7 @@ class ProcessReplica:
         try:
             self._conn.send(message)
             status, value = self._conn.recv()
-        except (EOFError, BrokenPipeError, ConnectionResetError):
+        except (EOFError, OSError):  # a broken pipe, a reset, or the trainer closed its end
             raise RuntimeError(
                 f"the rollout replica's process ({self._process.pid}) ended "
                 f"(exit code {self._process.exitcode}); the run stops here and resumes from its "
