@@ -42,7 +42,7 @@ test: install
 test-slow: install
 	$(PY) -m pytest -n $(PYTEST_JOBS) -m 'slow and not gpu'
 
-# Every kill -9 point (CI's test-slow runs a representative 6 of the 36, and 2 of the 15 points
+# Every kill -9 point (CI's test-slow runs a representative 6 of the 36, and 3 of the 19 points
 # of the schedules with rollouts launched ahead): run it before resolving
 # work that touches resume, checkpoints, artifacts or the stage flow.
 test-kill-matrix: install

@@ -18,6 +18,11 @@ loop (:meth:`RolloutAhead.take`):
    weights fingerprint is the lineage of the weights it reads) are a stage's;
 4. the caller trains step k on batch k (``run_step`` merges the rollout's outcome, ``ahead``).
 
+**Partial rollouts** (``async_training.partial_rollout``, flows/partial_rollout.py): a batch
+that a sync would find in flight (``stages.schedules.partial_cuts``) is launched as its first
+segment only; after each such sync (step 2) its next segment is queued on the replica's new
+weights, the last one as the batch's rollout stage.
+
 The syncs and launches are queued in an order fixed by the step count, never by timing, so a run
 whose every job runs at once in the main thread (:class:`InlineLane`) computes the same batches
 and ends with the same weights. Validation generates on the replica too: it waits for the
