@@ -118,8 +118,9 @@ class PartialRollout:
             )
         self.responses, self.log_probs = self._next(engine, self.ends[index], index)
 
-    def _next(self, engine: Any, end: int, index: int, **kwargs: Any) -> tuple[Tensor, Tensor]:
-        """(responses, log-probs) with columns [done, end) appended; self unchanged."""
+    def _next(self, engine: Any, end: int, index: int) -> tuple[Tensor, Tensor]:
+        """(responses, log-probs) with columns [done, end) of segment ``index`` appended; the
+        columns done stay as they are (``last_metrics`` takes the engine's)."""
         start, rows = self.done, len(self.prompts)
         width = end - start
         tokens = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
@@ -132,7 +133,6 @@ class PartialRollout:
                 validate=False,
                 seed=segment_seed(self.seed, index),
                 max_new_tokens=width,
-                **kwargs,
             )
             self.last_metrics = dict(out.meta_info.get(K.METRICS, {}))
             tokens[open_rows] = out.batch[K.RESPONSES].to(torch.long)
@@ -146,8 +146,8 @@ class PartialRollout:
         return ~torch.isin(self.responses, torch.tensor(self.stop_ids)).any(dim=1)
 
     def _continuation(self, rows: Tensor) -> DataProto:
-        """The prompts of segment ``len(segments)`` for ``rows``: prompt ‖ response so far (every
-        open row has ``done`` real tokens), positions continuing the prompt's."""
+        """The next segment's prompts for ``rows``: prompt ‖ response so far (every open row has
+        ``done`` real tokens), positions continuing the prompt's."""
         prompts = self.prompts.batch
         ids, mask, positions = (
             prompts[name][rows] for name in (K.INPUT_IDS, K.ATTENTION_MASK, K.POSITION_IDS)

@@ -248,6 +248,15 @@ class ScheduleRuns:
             serial = self.train(root, demo, "serial", *extra)
         return overlapped, serial
 
+    def assert_same_weights(self, two_runs) -> None:
+        """The overlapped run of :meth:`overlapped_and_serial` ended with the serial run's actor
+        weights, bit for bit."""
+        (_, overlapped), (_, serial) = two_runs
+        expected, got = self.actor_weights(serial), self.actor_weights(overlapped)
+        assert expected.keys() == got.keys()
+        for name, weights in expected.items():
+            assert torch.equal(got[name], weights), name
+
     def actor_weights(self, out: Path) -> dict[str, torch.Tensor]:
         from stages.engines.checkpoint import checkpoint_dir
         from stages.engines.safe_load import weights_only_load

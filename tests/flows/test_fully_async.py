@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from dataproto.artifact import load_artifact
 from flows.runs.store import RunStore
@@ -50,11 +49,7 @@ def two_runs(tmp_path_factory, make_demo_inputs, runs):
 
 
 def test_the_overlapped_run_ends_with_the_serial_schedules_weights(two_runs, runs) -> None:
-    (_, overlapped), (_, serial) = two_runs
-    expected, got = runs.actor_weights(serial), runs.actor_weights(overlapped)
-    assert expected.keys() == got.keys()
-    for name, tensor in expected.items():
-        assert torch.equal(got[name], tensor), name
+    runs.assert_same_weights(two_runs)
 
 
 def test_each_batch_is_generated_by_the_weights_the_schedule_names(two_runs) -> None:

@@ -44,11 +44,7 @@ def two_runs(tmp_path_factory, make_demo_inputs, runs):
 
 
 def test_the_overlapped_run_ends_with_the_serial_schedules_weights(two_runs, runs) -> None:
-    (_, overlapped), (_, serial) = two_runs
-    expected, got = runs.actor_weights(serial), runs.actor_weights(overlapped)
-    assert expected.keys() == got.keys()
-    for name, tensor in expected.items():
-        assert torch.equal(got[name], tensor), name
+    runs.assert_same_weights(two_runs)
 
 
 def test_every_step_trains_on_the_same_rollout_in_both_runs(two_runs) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from dataproto import keys as K
 from dataproto.artifact import load_artifact
@@ -47,11 +46,7 @@ def two_runs(tmp_path_factory, make_demo_inputs, runs):
 
 
 def test_the_overlapped_run_ends_with_the_serial_schedules_weights(two_runs, runs) -> None:
-    (_, overlapped), (_, serial) = two_runs
-    expected, got = runs.actor_weights(serial), runs.actor_weights(overlapped)
-    assert expected.keys() == got.keys()
-    for name, tensor in expected.items():
-        assert torch.equal(got[name], tensor), name
+    runs.assert_same_weights(two_runs)
 
 
 def test_each_token_is_tagged_with_the_weights_that_chose_it(two_runs) -> None:
