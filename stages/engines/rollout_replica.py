@@ -240,10 +240,10 @@ class VLLMChild:
         self.vllm = VLLMRollout(**spec)
 
     def load(self, buffers: dict[str, Tensor], first: bool) -> dict:
-        """``sync_weights`` from the buffers; the engine's digests of the probed tensors."""
+        """``sync_weights`` from the buffers; the engine's digests of the probed tensors (its
+        own probe's answer, not asked again)."""
         self.vllm.sync_weights(buffers.items())
-        names = sorted(filter(is_probed, buffers))
-        return self.vllm.llm.collective_rpc("ppoflow_probe_weights", args=(names,))[0]
+        return self.vllm.last_digests[0]
 
     def generate(self, prompts: DataProto, settings: Any) -> DataProto:
         return self.vllm.generate_sequences(prompts, settings)

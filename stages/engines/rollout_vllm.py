@@ -151,6 +151,7 @@ class VLLMRollout:
         self.allow_truncated_log_probs = allow_truncated_log_probs
         self.max_model_len = max_model_len
         self.last_sync: SyncCheck | None = None
+        self.last_digests: list[dict] = []  # the workers' answers to the last sync's probe
         # a rank's engine joins the torch.distributed world the rank already has (vLLM builds
         # its groups from it); closing the engine must leave that world to the rank's DeepSpeed
         self._joined_world = torch.distributed.is_initialized()
@@ -286,6 +287,7 @@ class VLLMRollout:
             raise RuntimeError("vLLM refused to reset its prefix cache after the weight sync")
         answers = self.llm.collective_rpc("ppoflow_probe_weights", args=(sorted(probe.sent),))
         self.last_sync = probe.compare(answers)
+        self.last_digests = answers  # each worker's digests, for a caller that compares them too
         return int(counts[0])
 
     def sleep(self, level: int = 1) -> bool:
