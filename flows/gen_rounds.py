@@ -109,8 +109,20 @@ def next_step_input(run: Any, step: int, gen_round: int | None = None) -> DataPr
     the rollout temperature, the KL coefficient now), each row tagged with policy version
     ``step − 1``, the weights that generate it on policy (``stages.schedules``; a rollout launched
     ahead tags its own, flows/rollout_ahead.py); ``gen_round`` for a DAPO round's own uids and
-    seed, None for a step without rounds."""
+    seed, None for a step without rounds.
+
+    A step whose input a resume took back (``run.requeued``: the rollouts a checkpoint had
+    launched ahead under another schedule, dropped as stale by
+    :func:`flows.rollout_ahead.restored_for`) gets that input instead, its prompts and uids as
+    launched, with this step's KL coefficient, so none of those prompts is lost."""
     cfg = run.cfg
+    requeued = run.requeued.pop(step, None) if gen_round in (None, 1) else None
+    if requeued is not None:
+        meta_info = dict(requeued.meta_info)
+        if run.kl_ctrl is not None:
+            meta_info[K.KL_COEF] = float(run.kl_ctrl.value)
+        again = DataProto(requeued.batch, dict(requeued.non_tensor_batch), meta_info)
+        return with_policy_version(again, step - 1)
     rounds = {} if gen_round is None else {"gen_round": gen_round}
     step_input = make_step_input(
         run.loader.next_batch(),

@@ -65,6 +65,7 @@ from stages.schedules import (
     Pace,
     pace_of,
     partial_cuts,
+    partial_rollouts,
     with_policy_version,
 )
 from stages.stage import StageContext
@@ -77,6 +78,8 @@ RESTORED_ORIGIN = "the rollout launched before the checkpoint"
 WAIT_METRIC, SYNC_METRIC = "timing_s/rollout_wait", "timing_s/param_sync"
 #: the part of the step's wall time spent here (train_step adds it to the stages' timing_s/step)
 STEP_METRIC = "timing_s/step"
+#: rows of launched rollouts a resume dropped as stale (:func:`restored_for`), verl's name
+DROPPED_METRIC = "fully_async/count/dropped_stale_samples"
 
 
 class Lane:
@@ -203,11 +206,12 @@ class RolloutAhead:
         self.weights: str | None = None  # lineage of the last sync queued (launches read it)
         self.version = 0  # the policy version of those weights
         self.pending: dict[int, Launch] = {}
-        self.partial = run.cfg.async_training.partial_rollout
+        self.partial = partial_rollouts(run.cfg)
         self.response_length = run.cfg.actor_rollout_ref.rollout.response_length
         if restored is not None:
+            root = restored.get("root", run.store.root)
             for state in restored["launches"]:
-                self.pending[state["step"]] = self._restore(state)
+                self.pending[state["step"]] = self._restore(state, root)
 
     def take(self, step: int, last: int) -> Taken:
         """Steps 1–3 of the module docstring for step ``step`` of a run ending at ``last``."""
@@ -244,7 +248,8 @@ class RolloutAhead:
         in step order."""
         self._wait()
         return {
-            "launches": [self._launch_state(self.pending[step]) for step in sorted(self.pending)]
+            "pace": [self.pace.depth, self.pace.sync_every],
+            "launches": [self._launch_state(self.pending[step]) for step in sorted(self.pending)],
         }
 
     def _launch_state(self, launch: Launch) -> dict[str, Any]:
@@ -365,21 +370,22 @@ class RolloutAhead:
             if step in launch.cuts(self.pace, self.response_length):
                 self._queue_segment(launch)
 
-    def _restore(self, state: dict[str, Any]) -> Launch:
-        """A launched rollout a checkpoint recorded: its input loaded and checked against the
-        recorded fingerprint, its delta loaded through ``reuse_stage`` (verified, derived keys
-        rebuilt) — or a partial rollout's segments done, loaded and checked the same way."""
-        store, step = self.run.store, state["step"]
-        batch, input_ref = _load_recorded(state["input"], store.root, f"step {step}'s input")
+    def _restore(self, state: dict[str, Any], root: str) -> Launch:
+        """A launched rollout a checkpoint of the run in ``root`` recorded: its input loaded and
+        checked against the recorded fingerprint, its delta loaded through ``reuse_stage``
+        (verified, derived keys rebuilt) — or a partial rollout's segments done, loaded and
+        checked the same way."""
+        step = state["step"]
+        batch, input_ref = _load_recorded(state["input"], root, f"step {step}'s input")
         if "partial" in state:
             columns, _ = _load_recorded(
-                state["partial"]["columns"], store.root, f"step {step}'s partial rollout"
+                state["partial"]["columns"], root, f"step {step}'s partial rollout"
             )
             cuts = partial_cuts(step, self.pace, self.response_length)
             partial = self._partial(step, batch, cuts)
             partial.restore(columns, state["partial"]["segments"])
             return Launch(step, batch, input_ref, None, partial)
-        record = StageRecord.from_json(state["record"], store.root)
+        record = StageRecord.from_json(state["record"], root)
         fingerprints = artifact_key_fingerprints(input_ref.fingerprint, batch_keys(batch))
         outcome = reuse_stage(ROLLOUT_STAGE, record, RESTORED_ORIGIN, "full", batch, fingerprints)
         return Launch(step, batch, input_ref, done(outcome))
@@ -402,6 +408,36 @@ def _load_recorded(state: dict[str, str], root: str, what: str) -> tuple[DataPro
         )
     batch = load_artifact(path, verify="full")
     return batch, ArtifactRef(path, manifest["fingerprint"], len(batch), 0)
+
+
+def restored_for(
+    cfg: Any, restored: dict[str, Any] | None, root: str
+) -> tuple[dict[str, Any] | None, dict[int, DataProto], int]:
+    """What a resumed run under ``cfg`` does with the rollouts its checkpoint launched ahead
+    (``restored``, :meth:`RolloutAhead.state`, written by the run in directory ``root``):
+    ``(launches to restore, with their run's directory as "root"; inputs to generate again by
+    step; rows dropped)``.
+
+    Resumed with the schedule and pace that launched them (a checkpoint written before the pace
+    was recorded counts as that), they are restored: the resumed run trains on them as the
+    uninterrupted run does. Resumed on policy or at another pace (another ``ppoflow.schedule``,
+    ``staleness_threshold`` or ``trigger_parameter_sync_step``), they are dropped as stale —
+    generated by weights that schedule would not have used for them, with syncs it would not
+    make — and counted (``fully_async/count/dropped_stale_samples``, rows); their inputs (the
+    prompts and uids as launched, ``step_<j>/input``) are generated again at their steps
+    (flows/gen_rounds.py ``next_step_input``), so no prompt is lost or repeated."""
+    if not restored or not restored["launches"]:
+        return restored, {}, 0
+    recorded = restored.get("pace")
+    if POLICY_SCHEDULES.get(cfg.ppoflow.schedule).rollout_apart:
+        pace = pace_of(cfg)
+        if recorded is None or tuple(recorded) == (pace.depth, pace.sync_every):
+            return {**restored, "root": root}, {}, 0
+    requeued = {
+        state["step"]: _load_recorded(state["input"], root, f"the input of step {state['step']}")[0]
+        for state in restored["launches"]
+    }
+    return None, requeued, sum(len(batch) for batch in requeued.values())
 
 
 def open_rollout_ahead(run: Any, startup: Any) -> RolloutAhead | None:

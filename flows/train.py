@@ -78,6 +78,7 @@ from flows.process.stop_signals import (
     raise_if_stop_requested,
     signals_deferred,
 )
+from flows.rollout_ahead import DROPPED_METRIC
 from flows.runs.checkpoints import (
     save_run_checkpoint,
     tracking_state,
@@ -114,7 +115,7 @@ from stages.metrics import (
 )
 from stages.metrics.signal import batch_signal_metrics
 from stages.ppo import PPO_STAGES
-from stages.schedules import partial_metrics, staleness_metrics
+from stages.schedules import partial_metrics, partial_rollouts, staleness_metrics
 from stages.stage import StageContext
 
 #: Prefect retries of the stages that write no weights (rollout, reward, log-probs, advantage)
@@ -162,7 +163,7 @@ def step_metrics(
     metrics.update(compute_throughput_metrics(batch, timing, cfg.derived.dp_size))
     metrics.update(batch_signal_metrics(result.batch, gen_rounds))
     metrics.update(staleness_metrics(result.batch, step))
-    if cfg.async_training.partial_rollout:
+    if partial_rollouts(cfg):
         metrics.update(partial_metrics(result.batch))
     metrics.update({"training/global_step": float(step), "training/epoch": float(epoch)})
     metrics[CACHE_HITS] = cache_hits(result.records)
@@ -213,6 +214,8 @@ def train_step(run: TrainRun, step: int) -> StepOutput:
     if run.kl_ctrl is not None:
         run.kl_ctrl.update(current_kl=result.metrics[KL_METRIC], n_steps=len(result.batch))
     metrics = step_metrics(result, cfg, step, epoch, planned.gen_rounds)
+    if run.ahead is not None or run.dropped_stale:  # once after a resume that dropped, on policy
+        metrics[DROPPED_METRIC], run.dropped_stale = float(run.dropped_stale), 0
     health = check_health(run, step, metrics, result.batch)
     result.journal.metrics, result.journal.weights = metrics, weights_at_start
     run.store.write_journal(result.journal)

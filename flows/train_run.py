@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from dataproto import DataProto
 from flows.cache.code_fingerprint import code_change_notice, run_code
 from flows.cache.keys import plugin_names
 from flows.engines import WeightsLineage, build_engines, close_engines, seed_everything
 from flows.process.device import apply_device
 from flows.process.startup import Startup, current_startup, describe_model, describe_sinks
-from flows.rollout_ahead import open_rollout_ahead
+from flows.rollout_ahead import open_rollout_ahead, restored_for
 from flows.runs.checkpoints import (
     checkpoint_metrics,
     checkpoint_run,
@@ -98,6 +99,10 @@ class TrainRun:
     ahead: Any = None
     #: the launched rollouts a resumed checkpoint recorded (``RolloutAhead.state``)
     restored_ahead: dict[str, Any] | None = None
+    #: step → input of the launched rollouts a resume dropped as stale, generated again at their
+    #: steps (flows/rollout_ahead.py ``restored_for``), and how many rows it dropped
+    requeued: dict[int, DataProto] = field(default_factory=dict)
+    dropped_stale: int = 0
     #: the run's health checks (stages/health), run on each finished step
     health: HealthMonitor | None = None
 
@@ -267,10 +272,12 @@ def resume(run: TrainRun, startup: Startup | None = None) -> None:
     run.loader.load_state_dict(state["loader"])
     restore_controller(run.kl_ctrl, state["kl_ctrl"])
     run.lineage.current.update(state["weights_lineage"])
-    run.restored_ahead = state.get("rollout_ahead")
     run.start_step = step + 1
     recorded = checkpoint_run(state)
     origin = recorded["run_dir"] or run.store.root  # an older checkpoint names no run
+    run.restored_ahead, run.requeued, run.dropped_stale = restored_for(
+        run.cfg, state.get("rollout_ahead"), origin
+    )
     run.resumed = ResumedRun(
         step,
         recorded["mlflow_run_id"],
@@ -278,6 +285,13 @@ def resume(run: TrainRun, startup: Startup | None = None) -> None:
         resume_history(origin, step, checkpoint_metrics(state)),
     )
     startup.say(f"resumed from {root}/global_step_{step} ({checkpoint.files} files verified)")
+    if run.requeued:
+        steps = ", ".join(str(j) for j in sorted(run.requeued))
+        startup.say(
+            f"the checkpoint's rollouts launched ahead for steps {steps} ({run.dropped_stale} rows) "
+            f"were generated at another pace than ppoflow.schedule={run.cfg.ppoflow.schedule}'s "
+            "now: dropped as stale, their prompts generated again at those steps"
+        )
     current = run_code(PPO_STAGES, plugin_names(run.cfg)).files
     notice = code_change_notice(state.get("code_files"), current)
     if notice is not None:

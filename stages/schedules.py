@@ -145,6 +145,15 @@ def pace_of(config: Any) -> Pace:
     return POLICY_SCHEDULES.get(config.ppoflow.schedule).pace(config)
 
 
+def partial_rollouts(config: Any) -> bool:
+    """Whether the run's rollouts are cut at its weight syncs (flows/partial_rollout.py): its
+    schedule reads ``async_training.*`` and ``async_training.partial_rollout`` is on. The other
+    schedules leave the key at its default, which they do not read (one that sets it is refused:
+    stages/config/checks_schedule.py)."""
+    spec = POLICY_SCHEDULES.get(config.ppoflow.schedule)
+    return spec.reads_async_training and bool(config.async_training.partial_rollout)
+
+
 def policy_version(step: int, pace: Pace) -> int:
     """The version of the weights that generate step ``step``'s batch at pace ``pace`` (module
     docstring): the last sync at or before step ``max(step − D, 1)``, minus one."""

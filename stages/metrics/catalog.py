@@ -99,7 +99,7 @@ _RS_TOKENS_OR_ROWS = (
 _SIGNAL = "train flow, from the training batch (stages/metrics/signal.py)"
 _ROUNDS = "train flow's generation rounds (flows/gen_rounds.py)"
 _AHEAD = "train flow's rollouts launched ahead (flows/rollout_ahead.py)"
-_PARTIAL = "train flow, from the rollout's rollout_policy_versions (stages/schedules.py), with async_training.partial_rollout"
+_PARTIAL = "train flow, from the rollout's rollout_policy_versions (stages/schedules.py), with ppoflow.schedule=fully_async and async_training.partial_rollout"
 _ENTRIES = [
     # --- compute_data_metrics ---
     (
@@ -175,6 +175,12 @@ _ENTRIES = [
         "timing_s/param_sync",
         "Rollouts launched ahead: seconds spent on the step's sync of the rollout replica with the actor's weights: the copy into the replica when it is idle, else the copy of the weights queued behind the running rollouts (0 when no sync is due or it holds them already). verl's name.",
         "none (a duration)",
+        _AHEAD,
+    ),
+    (
+        "fully_async/count/dropped_stale_samples",
+        "Rollouts launched ahead: rows a resume dropped as stale, the rollouts its checkpoint had launched under another pace than the resumed run's (another ppoflow.schedule, staleness_threshold or trigger_parameter_sync_step); their prompts are generated again at their steps. Logged at every step of a schedule with rollouts apart (0 but at the resumed run's first step) and, on policy, at the resumed run's first step when it dropped any. verl's name (where it counts its queue's overflow, which a launch that waits for its turn does not have).",
+        "none (a count of rows)",
         _AHEAD,
     ),
     (
@@ -776,7 +782,11 @@ STEP_METRICS = {
         "train/num_gen_batches",
         "lineage/staleness/{stat}",
     ),
-    "rollout_apart": ("timing_s/rollout_wait", "timing_s/param_sync"),
+    "rollout_apart": (
+        "timing_s/rollout_wait",
+        "timing_s/param_sync",
+        "fully_async/count/dropped_stale_samples",
+    ),
     "partial_rollout": (
         "fully_async/partial/total_partial_num",
         "fully_async/partial/partial_ratio",

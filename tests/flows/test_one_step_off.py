@@ -82,9 +82,14 @@ def test_staleness_and_the_schedules_timings_are_step_metrics(two_runs) -> None:
         "use_kl_loss": False,
     }
     listed = set(step_metric_names(**flags, rollout_apart=True)) - set(step_metric_names(**flags))
-    assert listed == {"timing_s/rollout_wait", "timing_s/param_sync"}
+    assert listed == {
+        "timing_s/rollout_wait",
+        "timing_s/param_sync",
+        "fully_async/count/dropped_stale_samples",
+    }
     for metrics in result.history:
         assert listed | {"lineage/staleness/min"} <= set(metrics)
+        assert metrics["fully_async/count/dropped_stale_samples"] == 0.0  # no resume
     assert [m["lineage/staleness/mean"] for m in result.history] == [0.0, 1.0, 1.0, 1.0]
     assert [m["lineage/staleness/max"] for m in result.history] == [0.0, 1.0, 1.0, 1.0]
     for metrics in result.history:
