@@ -203,7 +203,9 @@ def test_the_checkpoint_records_the_launched_rollouts(runs, schedule) -> None:
         assert (
             launch["input"]["fingerprint"] == store.read_journal(launch["step"]).input_fingerprint
         )
-    assert checkpoint_state(baseline, steps)["rollout_ahead"]["launches"] == []
+    pace = [1, 1] if schedule == "one_step_off" else [2, 2]  # (D, T) that launched them
+    assert checkpoint_state(baseline, SAVE_FREQ)["rollout_ahead"]["pace"] == pace
+    assert checkpoint_state(baseline, steps)["rollout_ahead"] == {"pace": pace, "launches": []}
     seen = [index for step in range(1, steps + 1) for index in prompt_indices(store, step)]
     assert len(seen) == len(set(seen)) == 4 * steps  # each prompt once
 
