@@ -21,7 +21,10 @@ Per run: steady s/step (the median gap between consecutive step ends from step 3
 end, last step end → exit, the peak RSS of the largest process (GNU ``time``'s maximum
 resident set over the process and the children it waited for), and the peak PSS of the whole
 process tree (sampled every 0.25 s: shared pages split between the processes mapping them, so
-the sum is what the tree costs the machine). Printed: the medians per side,
+the sum is what the tree costs the machine), and the CPU seconds (user + system, read at the same
+samples) of the side's main process (ppoflow's trainer, TRL's one process) and of its whole tree
+at the first step's end (the last sample before it): where the first step's wall time went.
+Printed: the medians per side,
 the per-pair ratios ppoflow ÷ TRL (< 1: ppoflow faster), ppoflow's stage breakdown (its
 ``timing_s/*`` metrics), and the load average. ``--before DIR`` adds a third side in each round,
 ppoflow from another source tree (an older commit's worktree), and the ratios ppoflow ÷ before.
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -94,6 +98,8 @@ class Run:
     peak_rss_mib: float
     peak_tree_pss_mib: float
     timings: dict[str, float] = field(default_factory=dict)  # ppoflow: median timing_s/*
+    #: (wall clock, main process's CPU s, whole tree's CPU s) at each sample
+    cpu: list[tuple[float, float, float]] = field(default_factory=list)
 
     @property
     def s_per_step(self) -> float:
@@ -108,26 +114,44 @@ class Run:
     def exit_after_last(self) -> float:
         return self.exited - self.step_ends[-1]
 
+    @property
+    def cpu_to_first_step(self) -> tuple[float, float]:
+        """(main process, whole tree) CPU seconds at the last sample before the first step's end."""
+        before = [(main, tree) for wall, main, tree in self.cpu if wall <= self.step_ends[0]]
+        return before[-1] if before else (math.nan, math.nan)
 
-def tree_pss_mib(root: psutil.Process) -> float:
-    """The proportional set size of ``root`` and all its descendants (MiB): each shared page
-    counted once across the tree, split between the processes that map it."""
-    total = 0
-    for process in [root, *root.children(recursive=True)]:
+
+def tree_sample(root: psutil.Process) -> tuple[float, float, float]:
+    """(PSS MiB, main CPU s, tree CPU s) of ``root``'s descendants (``root`` is GNU time, whose
+    one child is the side's main process): the proportional set size, each shared page counted
+    once across the tree, split between the processes that map it; user + system CPU seconds."""
+    pss, main, tree = 0, 0.0, 0.0
+    try:
+        children = root.children()
+        processes = [*children, *(p for child in children for p in child.children(recursive=True))]
+    except psutil.Error:
+        return 0.0, 0.0, 0.0
+    for process in processes:
         try:
-            total += process.memory_full_info().pss
+            pss += process.memory_full_info().pss
+            times = process.cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-    return total / 2**20
+        tree += times.user + times.system
+        if process in children:
+            main = times.user + times.system
+    return pss / 2**20, main, tree
 
 
 def timed(
     command: list[str], env: dict[str, str], log: Path, cwd: Path = REPO
-) -> tuple[float, float, float, float]:
-    """(spawn wall time, exit wall time, peak RSS MiB, peak tree PSS MiB) of ``command`` under
-    GNU time, run in ``cwd``; the tree's PSS is sampled every :data:`PSS_EVERY_S` seconds."""
+) -> tuple[float, float, float, float, list[tuple[float, float, float]]]:
+    """(spawn wall time, exit wall time, peak RSS MiB, peak tree PSS MiB, CPU samples) of
+    ``command`` under GNU time, run in ``cwd``; the tree is sampled every :data:`PSS_EVERY_S`
+    seconds (:func:`tree_sample`), each CPU sample as (wall clock, main CPU s, tree CPU s)."""
     spawned = time.time()
     peak_pss = 0.0
+    cpu: list[tuple[float, float, float]] = []
     with log.open("w") as out:
         process = subprocess.Popen(
             ["/usr/bin/time", "-v", *command],
@@ -138,14 +162,16 @@ def timed(
         )
         watched = psutil.Process(process.pid)
         while process.poll() is None:
-            peak_pss = max(peak_pss, tree_pss_mib(watched))
+            pss, main, tree = tree_sample(watched)
+            peak_pss = max(peak_pss, pss)
+            cpu.append((time.time(), main, tree))
             time.sleep(PSS_EVERY_S)
     exited = time.time()
     text = log.read_text()
     if process.returncode != 0:
         raise RuntimeError(f"{command[:3]} exited {process.returncode}; see {log}:\n{text[-3000:]}")
     peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1))
-    return spawned, exited, peak / 1024, peak_pss
+    return spawned, exited, peak / 1024, peak_pss, cpu
 
 
 def run_ppoflow(
@@ -185,7 +211,7 @@ def run_ppoflow(
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
     log = work / f"ppoflow-{index}.log"
-    spawned, exited, peak, pss = timed(command, env, log, source or REPO)
+    spawned, exited, peak, pss, cpu = timed(command, env, log, source or REPO)
     journals = [json.loads((run_dir / f"step_{k}" / "journal.json").read_text()) for k in range(1, steps + 1)]  # fmt: skip
     ends = [(run_dir / f"step_{k}" / "journal.json").stat().st_mtime for k in range(1, steps + 1)]
     timings = {
@@ -193,7 +219,7 @@ def run_ppoflow(
         for name in STAGE_TIMERS
         if all(f"timing_s/{name}" in j["metrics"] for j in journals[2:])
     }
-    return Run(spawned, exited, ends, peak, pss, timings)
+    return Run(spawned, exited, ends, peak, pss, timings, cpu)
 
 
 def run_trl(
@@ -229,10 +255,10 @@ def run_trl(
         "HF_DATASETS_OFFLINE": "1",
     }
     env["HF_HOME"] = str(work / "hf-home")
-    spawned, exited, peak, pss = timed(command, env, work / f"trl-{index}.log")
+    spawned, exited, peak, pss, cpu = timed(command, env, work / f"trl-{index}.log")
     records = [json.loads(line) for line in out.read_text().splitlines()]
     ends = [r["wall"] for r in records if "step" in r]
-    return Run(spawned, exited, ends, peak, pss)
+    return Run(spawned, exited, ends, peak, pss, cpu=cpu)
 
 
 def describe(name: str, runs: list[Run]) -> str:
@@ -244,7 +270,9 @@ def describe(name: str, runs: list[Run]) -> str:
         f"{med(r.to_first_step for r in runs):5.1f} s   last step→exit "
         f"{med(r.exit_after_last for r in runs):4.1f} s   peak RSS "
         f"{med(r.peak_rss_mib for r in runs):6.0f} MiB   process tree PSS "
-        f"{med(r.peak_tree_pss_mib for r in runs):6.0f} MiB"
+        f"{med(r.peak_tree_pss_mib for r in runs):6.0f} MiB   CPU to first step: main "
+        f"{med(r.cpu_to_first_step[0] for r in runs):4.1f} s, tree "
+        f"{med(r.cpu_to_first_step[1] for r in runs):4.1f} s"
     )
 
 

@@ -248,7 +248,9 @@ def open_mlflow_sink(cfg: Any, run_dir: str | None) -> MetricSink:
     writes MLflow's own output to the run's log file when the start-up captures the libraries'
     output (flows/process/startup.py). Each call waits at most ``ppoflow.mlflow_call_timeout_s``
     for the process; one that misses it, or dies, is replaced (flows/sinks/mlflow_process.py).
-    MLflow's system metrics are sampled every ``ppoflow.mlflow_system_metrics_interval_s``."""
+    MLflow's system metrics are sampled every ``ppoflow.mlflow_system_metrics_interval_s``; steps'
+    metrics are held up to ``ppoflow.mlflow_metrics_interval_s`` to go to the store together
+    (flows/sinks/mlflow_logger.py)."""
     from flows.process.startup import current_startup
     from flows.sinks.mlflow_process import MLflowProcessSink
     from flows.sinks.mlflow_store import select_tracking_uri
@@ -261,4 +263,5 @@ def open_mlflow_sink(cfg: Any, run_dir: str | None) -> MetricSink:
         output=current_startup().log_file,  # the run's log while the run starts, if captured
         call_timeout_s=cfg.ppoflow.mlflow_call_timeout_s,
         system_metrics_interval_s=cfg.ppoflow.mlflow_system_metrics_interval_s,
+        metrics_interval_s=cfg.ppoflow.mlflow_metrics_interval_s,
     )

@@ -39,8 +39,18 @@
   (6000 characters) is truncated with a note saying so, and the full config is logged as the
   artifact ``config.json``.
 * Metrics: one ``log_batch`` per step (20× faster than one call per metric on SQLite), with
-  ``step=global_step``. Names are sanitized one-to-one (stages/metrics/naming.py); the mapping
-  sanitized → original is the artifact ``metric_names.json`` and each metric's description
+  ``step=global_step``; with ``metrics_interval_s`` > 0, the steps that come sooner than that
+  after the first one held are held and sent together, one ``log_batch`` of up to 1000 values
+  (MLflow's limit), once the first has waited that long. MLflow's SQL store does much of its
+  work once per call (its transaction, the latest-value row of each name), so a call for
+  several steps costs less than a call each (bench/README.md, "Side processes"). The caller's
+  clock sends them: :attr:`~MLflowLogger.hold_deadline` says when they are due and
+  :meth:`~MLflowLogger.send_held` sends them (the MLflow process does,
+  flows/sinks/mlflow_process.py); any other call, a step with a metric name not logged before
+  (so a run's first step and a new metric show at once), :meth:`~MLflowLogger.flush` and
+  :meth:`~MLflowLogger.close` send them first; :attr:`~MLflowLogger.held_calls` counts them.
+  Names are sanitized one-to-one (stages/metrics/naming.py); the mapping sanitized → original
+  is the artifact ``metric_names.json`` and each metric's description
   (stages/metrics/catalog.py, flows/runs/identity.py) is ``metric_descriptions.json``, rewritten when new names appear,
   together with the run description (tag ``mlflow.note.content``, flows/sinks/run_description.py): a
   header from the run's tags (:meth:`MLflowLogger.set_tags`), a link to the experiment's
@@ -215,6 +225,8 @@ class MLflowLogger:
             many seconds (module docstring); None = none.
         creation_token: tag the run this logger creates with it, and go on with a run that
             holds it already instead of creating one (module docstring); None = always create.
+        metrics_interval_s: hold steps' metrics for up to this many seconds and send them
+            together (module docstring); 0 = each :meth:`log_metrics` sends at once.
     """
 
     def __init__(
@@ -229,7 +241,10 @@ class MLflowLogger:
         deferred: bool = False,
         system_metrics_interval_s: float | None = None,
         creation_token: str | None = None,
+        metrics_interval_s: float = 0.0,
     ) -> None:
+        if metrics_interval_s < 0:
+            raise ValueError(f"metrics_interval_s must be >= 0, got {metrics_interval_s}")
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
             if run_dir is None:
@@ -265,6 +280,9 @@ class MLflowLogger:
         self._system_interval_s = system_metrics_interval_s
         self._system_monitor: Any = None  # mlflow.system_metrics' monitor, once the run exists
         self._creation_token = creation_token
+        self._metrics_interval_s = float(metrics_interval_s)
+        self._held_calls = 0  # the last queued log_metrics calls, held for the interval
+        self._held_since: float | None = None  # time.monotonic() when the first was held
         if not deferred:
             self._drain(force=True)
 
@@ -274,6 +292,28 @@ class MLflowLogger:
     def pending(self) -> int:
         """Number of queued metric values (0 when everything reached the store)."""
         return sum(len(item) for kind, item in self._queue if kind == "metrics")
+
+    @property
+    def held_calls(self) -> int:
+        """How many of the latest :meth:`log_metrics` calls are held for the metrics interval,
+        everything before them being in the store; 0 when none is, or when anything else waits
+        (an outage, a call that raised, new metric names)."""
+        if self._in_outage or self._names_dirty or self._held_calls != len(self._queue):
+            return 0
+        return self._held_calls
+
+    @property
+    def hold_deadline(self) -> float | None:
+        """When the held metrics are due (``time.monotonic()``), None when none are held."""
+        if self._held_since is None:
+            return None
+        return self._held_since + self._metrics_interval_s
+
+    def send_held(self) -> None:
+        """Send the held metrics now (and whatever is queued with them); an outage keeps them
+        queued as for any call."""
+        if self._held_calls:
+            self._drain()
 
     @property
     def settled(self) -> bool:
@@ -369,7 +409,23 @@ class MLflowLogger:
                 self._names_dirty = True
             entries.append(Metric(safe, float(value), now, int(step)))
         self._queue.append(("metrics", entries))
+        if self._holds():
+            self._held_calls += 1
+            if self._held_since is None:
+                self._held_since = time.monotonic()
+            return
         self._drain()
+
+    def _holds(self) -> bool:
+        """Whether the metrics just queued wait: an interval is set, everything queued before
+        them is held metrics, no new name came, no outage, and the first held has not waited
+        the interval yet."""
+        if self._metrics_interval_s <= 0 or self._names_dirty or self._in_outage:
+            return False
+        if self._held_calls != len(self._queue) - 1:
+            return False
+        deadline = self.hold_deadline
+        return deadline is None or time.monotonic() < deadline
 
     def log_pending(self, rows: Iterable[tuple[str, float | str, int, int]]) -> None:
         """Log pending-file rows ``(key, value, step, ts_ms)`` (a non-finite value as its
@@ -660,6 +716,7 @@ class MLflowLogger:
     def _drain(self, force: bool = False) -> None:
         if not force and time.monotonic() < self._next_attempt:
             return
+        self._held_calls, self._held_since = 0, None  # sent now, or kept by an outage or error
         try:
             run_id = self._ensure_run()
             while self._queue:
@@ -684,7 +741,7 @@ class MLflowLogger:
             return
         if self._in_outage:
             log.info("MLflow at %s is reachable again; buffered data sent", self.tracking_uri)
-        self._in_outage = False
+        self._in_outage, self._next_attempt = False, 0.0
 
     def _upload(self, run_id: str, file_name: str, data: bytes, artifact_path: str) -> None:
         """Log ``data`` as the artifact ``<artifact_path>/<file_name>`` (via a temporary file)."""

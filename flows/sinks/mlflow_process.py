@@ -14,8 +14,10 @@ interpreter lock.
 Each call is one request and one reply over a pair of pipes (pickled,
 ``multiprocessing.connection`` framing), in order under a lock, and it returns when the logger's
 method has returned in the other process: ``log_metrics`` returning still means the step's
-metrics are in the store, or queued there by the logger's outage handling (or here, while a
-replacement process starts: below). A reply carries
+metrics are in the store, or queued there: by the logger's outage handling, or held for
+``metrics_interval_s`` (``ppoflow.mlflow_metrics_interval_s``) to go with the next steps' in one
+``log_batch`` (flows/sinks/mlflow_logger.py), which the process sends when they are due even when
+no call comes (or here, while a replacement process starts: below). A reply carries
 
 * the method's result, or the exception it raised, raised again here (one that does not survive
   pickling becomes :class:`MLflowProcessError` with its type and message); the other process's
@@ -25,8 +27,9 @@ replacement process starts: below). A reply carries
   loggers here, so the logger's warnings (an outage, a plot not made) reach the console and the
   run's log as before. MLflow's own log lines and output go to the process's stderr, which it
   inherits (the run's log file while the run starts);
-* whether the logger exists yet, whether it holds nothing unsent (``MLflowLogger.settled``),
-  and what a logger in a new process needs to go on with its run (``MLflowLogger.handover``).
+* whether the logger exists yet, whether it holds nothing unsent (``MLflowLogger.settled``) or
+  only the latest calls' held metrics (``MLflowLogger.held_calls``), and what a logger in a new
+  process needs to go on with its run (``MLflowLogger.handover``).
 
 The config reaches the other process as plain JSON data (flows/jsonable.py). The process ignores
 SIGINT and SIGTERM (Ctrl-C, or a stop sent to the whole process group, reaches it too: the
@@ -149,6 +152,8 @@ class Reply:
     error_traceback: str | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     settled: bool = True  # the logger holds nothing the store lacks
+    #: else: the latest calls it holds for the metrics interval, all before them in the store
+    held: int = 0
     state: dict[str, Any] | None = None  # MLflowLogger.handover(), when it changed
     built: bool = True  # the logger exists (else the next call builds it, and maybe the store)
 
@@ -228,6 +233,7 @@ class MLflowProcessSink:
         start_timeout_s: float = START_TIMEOUT_S,
         max_restarts: int = MAX_RESTARTS,
         system_metrics_interval_s: float | None = None,
+        metrics_interval_s: float = 0.0,
     ) -> MLflowProcessSink:
         """Hand the logger's settings to the process :func:`start_ahead` started (else to a new
         one); returns at once. ``output``: a file the process sends its stdout and stderr to
@@ -238,6 +244,7 @@ class MLflowProcessSink:
             "experiment": experiment,
             "tracking_uri": tracking_uri,
             "system_metrics_interval_s": system_metrics_interval_s,
+            "metrics_interval_s": metrics_interval_s,
         }
         token = uuid.uuid4().hex  # one per sink: its replacement processes share it
         settings = {
@@ -461,8 +468,9 @@ class MLflowProcessSink:
         reply = self._io(self._child.receive, limit, what)
         self._awaiting.popleft()
         self._built = reply.built
-        if reply.settled:
-            done = self._delivered - sum(self._awaiting)
+        answered = self._delivered - sum(self._awaiting)
+        done = answered if reply.settled else max(0, answered - reply.held) if reply.held else 0
+        if done:
             del self._unsettled[:done]
             self._delivered -= done
         if reply.state is not None:
@@ -805,6 +813,7 @@ def _reply(
     reply.records = records.take()
     reply.built = logger is not None
     reply.settled = bool(getattr(logger, "settled", True))
+    reply.held = int(getattr(logger, "held_calls", 0))
     handover = getattr(logger, "handover", None)
     reply.state = handover() if callable(handover) else None
     return reply
@@ -868,8 +877,12 @@ def serve(request_fd: int, reply_fd: int, parent: int | None = None) -> None:
         return
     while True:
         try:
+            _send_when_due(logger, requests)
             method, args = requests.recv()
         except EOFError:
+            if getattr(logger, "hold_deadline", None) is not None:
+                with suppress(Exception):  # the training process is gone: keep what it logged
+                    logger.send_held()
             return
         try:
             if logger is None and method == "close":  # nothing was logged: no store needed
@@ -887,6 +900,19 @@ def serve(request_fd: int, reply_fd: int, parent: int | None = None) -> None:
         _answer(replies, reply)
         if method == "close":
             _exit_now()
+
+
+def _send_when_due(logger: Any, requests: Connection) -> None:
+    """Wait for the next request; while the logger holds metrics, send them when they are due
+    (``MLflowLogger.hold_deadline``) if no request came first. An error there leaves them queued,
+    so the next call that sends raises it."""
+    while (deadline := getattr(logger, "hold_deadline", None)) is not None:
+        if requests.poll(max(0.0, deadline - time.monotonic())):
+            return
+        with suppress(Exception):
+            logger.send_held()
+        if logger.hold_deadline == deadline:  # not sent (an outage's wait): the next call tries
+            return
 
 
 def _answer(replies: Connection, reply: Reply) -> None:

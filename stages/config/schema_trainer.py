@@ -211,6 +211,16 @@ class PPOFlowConfig(ConfigModel):
         "disk, network, and GPUs where pynvml finds them) in the mlflow sink's run; null = none "
         "(seconds)",
     )
+    mlflow_metrics_interval_s: float = Field(
+        5.0,
+        ge=0,
+        description="How long the mlflow sink may hold a step's metrics to send them with the "
+        "next steps' in one call, which costs MLflow's store less than a call each: steps that "
+        "come sooner than this after the first one held go together once it has waited this "
+        "long; a step with a metric name not logged before, any other call and the run's end "
+        "send at once, and a resume replays what a kill lost from the steps' journals; 0 = "
+        "every step at once (seconds)",
+    )
     log_train_generations: int = Field(
         2,
         ge=0,

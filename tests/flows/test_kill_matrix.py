@@ -66,9 +66,13 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 KILLPOINTS = Path(__file__).resolve().parent / "killpoints"
 STEPS, SAVE_FREQ = 4, 2
+#: each step's metrics sent at once (not held for the next steps'), so that what MLflow holds at
+#: each kill point is fixed (:attr:`Kill.logged_steps`); test_resume_after_kill.py kills a run
+#: with the default hold
 RUN_OVERRIDES = (
     f"trainer.save_freq={SAVE_FREQ}",
     "trainer.val_before_train=false",
+    "ppoflow.mlflow_metrics_interval_s=0",
     "algorithm.adv_estimator=gae",
     "algorithm.use_kl_in_reward=true",
     "actor_rollout_ref.actor.use_kl_loss=true",
