@@ -104,15 +104,21 @@ def wait_for(condition, timeout_s: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def sink_holding_two(tmp_path, store_uri: str, name: str, interval_s: float) -> MLflowProcessSink:
+    """A process sink with ``interval_s`` that logged steps 1–3: step 1 sent (its names are
+    new), steps 2–3 held."""
+    sink = MLflowProcessSink.start("proj", name, run_dir=tmp_path, tracking_uri=store_uri,
+                                   metrics_interval_s=interval_s)  # fmt: skip
+    for step in (1, 2, 3):
+        sink.log_metrics({"a": float(step)}, step)
+    return sink
+
+
 def test_the_process_sends_held_steps_when_due_without_another_call(tmp_path, store_uri):
     """The MLflow process holds steps 2–3, then sends them on its own once due; the sink keeps
     only the held calls for a replacement, never the ones the store has."""
-    sink = MLflowProcessSink.start("proj", "timer", run_dir=tmp_path, tracking_uri=store_uri,
-                                   metrics_interval_s=0.5)  # fmt: skip
+    sink = sink_holding_two(tmp_path, store_uri, "timer", 0.5)
     try:
-        sink.log_metrics({"a": 1.0}, 1)
-        sink.log_metrics({"a": 2.0}, 2)
-        sink.log_metrics({"a": 3.0}, 3)
         assert len(sink._unsettled) == 2  # the held calls, kept for a replacement
         wait_for(lambda: steps_of(store_uri, sink.run_id) == [1, 2, 3])
         sink.log_metrics({"a": 4.0}, 4)
@@ -124,12 +130,8 @@ def test_the_process_sends_held_steps_when_due_without_another_call(tmp_path, st
 
 
 def test_steps_held_by_a_process_that_dies_are_sent_by_its_replacement(tmp_path, store_uri):
-    sink = MLflowProcessSink.start("proj", "dies", run_dir=tmp_path, tracking_uri=store_uri,
-                                   metrics_interval_s=600.0)  # fmt: skip
+    sink = sink_holding_two(tmp_path, store_uri, "dies", 600.0)
     try:
-        sink.log_metrics({"a": 1.0}, 1)
-        sink.log_metrics({"a": 2.0}, 2)
-        sink.log_metrics({"a": 3.0}, 3)
         run_id = sink.run_id
         assert steps_of(store_uri, run_id) == [1]
         os.kill(sink.pid, signal.SIGKILL)
