@@ -468,9 +468,8 @@ class MLflowProcessSink:
         reply = self._io(self._child.receive, limit, what)
         self._awaiting.popleft()
         self._built = reply.built
-        answered = self._delivered - sum(self._awaiting)
-        done = answered if reply.settled else max(0, answered - reply.held) if reply.held else 0
-        if done:
+        if reply.settled or reply.held:  # all but the last `held` answered calls are stored
+            done = max(0, self._delivered - sum(self._awaiting) - reply.held)
             del self._unsettled[:done]
             self._delivered -= done
         if reply.state is not None:
