@@ -3,10 +3,11 @@
     .venv/bin/python bench/side_processes.py [--pairs 3] [--steps 80] [--threads 2]
         [--before KEY=VALUE …] [--after KEY=VALUE …]
 
-Each run is ``ppoflow train configs/demo-cpu.yaml`` as ``make demo`` runs it (``python -m
-flows``, the ``ppoflow`` executable: Prefect's temporary server started ahead, MLflow's
-process, the reward zygote and its 2 workers), on the demo data and tiny model written into a
-temp directory, no validation, no checkpoints, ``--threads`` torch threads. Every process of
+Each run is ``ppoflow train configs/demo-cpu.yaml`` as ``make demo`` runs it
+(bench/vs_trl.py's ``ppoflow_command``: ``python -m flows``, the ``ppoflow`` executable, with
+Prefect's temporary server started ahead, MLflow's process, the reward zygote and its 2
+workers), on the demo data and tiny model written into a temp directory, no validation, no
+checkpoints, ``--threads`` torch threads. Every process of
 the tree has its CPU seconds (user + system) read every :data:`SAMPLE_S` seconds; over the last
 :data:`STEADY_SHARE` of the run (the steady steps: start-up and the first steps left out), each
 process's CPU seconds ÷ the window's wall seconds is its share of a core (1.0 = one core busy).
@@ -30,8 +31,10 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-PPOFLOW_PY = REPO / ".venv" / "bin" / "python"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vs_trl import PPOFLOW_PY, REPO, ppoflow_command
+
 #: seconds between two readings of the tree's CPU times
 SAMPLE_S = 0.5
 #: the last share of the run's readings that counts as its steady steps
@@ -55,18 +58,7 @@ def group_of(process: psutil.Process, trainer_pid: int) -> str | None:
 
 def run_once(work: Path, index: str, overrides: list[str], steps: int, threads: int) -> dict:
     """One training: each group's share of a core over the steady window, and the side share."""
-    command = [
-        str(PPOFLOW_PY), "-m", "flows", "train", "configs/demo-cpu.yaml",
-        f"data.train_files=[{work}/demo/data/train.parquet]",
-        f"data.val_files=[{work}/demo/data/val.parquet]",
-        f"actor_rollout_ref.model.path={work}/demo/model",
-        f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
-        "trainer.val_before_train=false", "trainer.save_freq=-1",
-        f"trainer.default_local_dir={work}/checkpoints-{index}",
-        f"ppoflow.artifact_dir={work}/runs", *overrides,
-        "--run-dir", str(work / f"run-{index}"),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PREFECT_HOME": str(work / "prefect")}
+    command, env, _ = ppoflow_command(work, steps, index, overrides, threads=threads)
     log = (work / f"run-{index}.log").open("w")
     child = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     root = psutil.Process(child.pid)

@@ -174,19 +174,18 @@ def timed(
     return spawned, exited, peak / 1024, peak_pss, cpu
 
 
-def run_ppoflow(
+def ppoflow_command(
     work: Path,
     steps: int,
     index: int | str,
     extra: list[str],
     python: Path = PPOFLOW_PY,
-    source: Path | None = None,
     threads: int = 2,
-) -> Run:
-    """One ppoflow training, in the repository, with ``threads`` torch threads; ``source``: in
-    that source tree instead, e.g. a git worktree of an older commit (``python -m`` puts the
-    working directory first on ``sys.path``, and ``PYTHONPATH`` names it too, before the
-    editable install)."""
+) -> tuple[list[str], dict[str, str], Path]:
+    """(command, environment, run directory) of one ppoflow training as a user runs it
+    (``ppoflow train configs/demo-cpu.yaml``, as ``python -m flows``) on the demo inputs in
+    ``work/demo``, ``steps`` steps without validation or checkpoints, ``extra`` overrides last,
+    ``threads`` torch threads; run from the repository."""
     run_dir = work / f"ppoflow-run-{index}"
     overrides = [
         f"data.train_files=[{work}/demo/data/train.parquet]",
@@ -208,6 +207,23 @@ def run_ppoflow(
         "OMP_NUM_THREADS": str(threads),
         "PREFECT_HOME": str(work / "prefect-home"),
     }
+    return command, env, run_dir
+
+
+def run_ppoflow(
+    work: Path,
+    steps: int,
+    index: int | str,
+    extra: list[str],
+    python: Path = PPOFLOW_PY,
+    source: Path | None = None,
+    threads: int = 2,
+) -> Run:
+    """One ppoflow training, in the repository, with ``threads`` torch threads; ``source``: in
+    that source tree instead, e.g. a git worktree of an older commit (``python -m`` puts the
+    working directory first on ``sys.path``, and ``PYTHONPATH`` names it too, before the
+    editable install)."""
+    command, env, run_dir = ppoflow_command(work, steps, index, extra, python, threads)
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
     log = work / f"ppoflow-{index}.log"
