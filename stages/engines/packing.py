@@ -9,10 +9,19 @@ inside each sequence (a block-diagonal causal mask for SDPA / eager; the varlen 
 flash-attention, which reads it only from a single packed row).
 
 How the runs are laid out is the attention implementation's entry in :data:`PACKED_LAYOUTS`:
-``one_row`` (N = 1, W = the real tokens of the micro-batch: flash-attention's varlen path) or
-packed rows as wide as the longest run, filled first-fit by decreasing length (SDPA and eager
-build a W × W mask per packed row, so rows are kept narrow). A packed row's unused tail holds
-pad id 0 at position 0, each such slot a one-token sequence of its own, whose output nothing reads.
+
+* ``varlen`` (ppoflow's ``sdpa`` where a ``stages.engines.attention.VARLEN_KERNELS`` entry fits the
+  model's device and dtype, e.g. CUDA): one row of all N real tokens, and the sequence boundaries
+  ``cu_seq_lens`` = (0, L_1, L_1 + L_2, …, N) (S + 1,) int32 handed to the forward as
+  transformers' ``cu_seq_lens_q`` / ``cu_seq_lens_k`` / ``max_length_q`` / ``max_length_k``; no
+  mask is built;
+* ``one_row`` (flash-attention's varlen path, W = N), which reads the boundaries itself;
+* otherwise packed rows as wide as the longest run, filled first-fit by decreasing length (SDPA
+  and eager build a W × W mask per packed row, so rows are kept narrow): ppoflow's ``sdpa`` where
+  no varlen kernel fits (the CPU), ``eager``.
+
+A packed row's unused tail holds pad id 0 at position 0, each such slot a one-token sequence of
+its own, whose output nothing reads.
 
 The hidden state that predicts response column j of row i (verl's ``[:, P - 1 : T - 1]``) is read
 back from the packed output by index, so log-probs, values and their gradients are those of the
@@ -28,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from stages.engines.attention import PPOFLOW_SDPA
+from stages.engines.attention import PPOFLOW_SDPA, varlen_kernel
 
 
 @dataclass(frozen=True)
@@ -37,23 +46,30 @@ class PackedLayout:
 
     one_row: every sequence in a single packed row (a kernel that reads sequence boundaries only
         from a (1, N) row); otherwise packed rows as wide as the longest sequence.
+    varlen: one row whose sequence boundaries are handed to the forward, no mask built, where a
+        ``VARLEN_KERNELS`` entry runs on the model's device and dtype; elsewhere :data:`ROWS`.
     """
 
     one_row: bool
+    varlen: bool = False
 
+
+#: packed rows as wide as the longest sequence, a mask per row (SDPA / eager)
+ROWS = PackedLayout(one_row=False)
 
 #: attention implementation (``model.config._attn_implementation``) → its packed layout
 PACKED_LAYOUTS: dict[str, PackedLayout] = {
-    "sdpa": PackedLayout(one_row=False),
-    PPOFLOW_SDPA: PackedLayout(one_row=False),  # what the config's sdpa loads
-    "eager": PackedLayout(one_row=False),
+    "sdpa": ROWS,
+    PPOFLOW_SDPA: PackedLayout(one_row=True, varlen=True),  # what the config's sdpa loads
+    "eager": ROWS,
     "flash_attention_2": PackedLayout(one_row=True),
 }
 
 
 def packed_layout(model: nn.Module) -> PackedLayout:
-    """The :data:`PACKED_LAYOUTS` entry of ``model``'s attention implementation; ValueError naming
-    it and the known ones when there is none."""
+    """The :data:`PACKED_LAYOUTS` entry of ``model``'s attention implementation, :data:`ROWS` for a
+    ``varlen`` entry no varlen kernel fits (the device and dtype of ``model``'s weights);
+    ValueError naming the implementation and the known ones when there is none."""
     name = getattr(getattr(model, "config", None), "_attn_implementation", None)
     layout = PACKED_LAYOUTS.get(name)
     if layout is None:
@@ -61,6 +77,9 @@ def packed_layout(model: nn.Module) -> PackedLayout:
             f"packed forwards (use_remove_padding=true) do not support attn_implementation "
             f"{name!r}; use one of {sorted(PACKED_LAYOUTS)} or set use_remove_padding=false"
         )
+    weight = next(model.parameters())
+    if layout.varlen and varlen_kernel(weight.device, weight.dtype) is None:
+        return ROWS
     return layout
 
 
@@ -73,12 +92,26 @@ class PackedBatch:
         predicts response column j of row i (R' = the widest response run, ≥ 1); 0 where
         ``real`` is False.
     real: (B, R') bool, row i has a real token at response column j with a real token before it.
+    cu_seq_lens: (S + 1,) int32 where each of the S sequences (pad slots included) starts in the
+        flat (N · W) positions, then N · W.
+    max_length: the longest sequence, L_max.
     """
 
     input_ids: Tensor
     position_ids: Tensor
     predictors: Tensor
     real: Tensor
+    cu_seq_lens: Tensor
+    max_length: int
+
+    def boundaries(self) -> dict[str, Tensor | int]:
+        """The sequence boundaries as transformers' varlen keyword arguments."""
+        return {
+            "cu_seq_lens_q": self.cu_seq_lens,
+            "cu_seq_lens_k": self.cu_seq_lens,
+            "max_length_q": self.max_length,
+            "max_length_k": self.max_length,
+        }
 
     def gather(self, hidden: Tensor) -> Tensor:
         """(N, W, H) packed hidden states → (B, R', H) those that predict the response tokens."""
@@ -164,11 +197,17 @@ def pack_rows(
     local = prompt_length - 1 + column[None, :] - starts[:, None]  # (B, R') predictor in the run
     real = (column[None, :] < response_runs[:, None]) & (local >= 0)
     predictors = torch.where(real, base[:, None] + local, 0)
+    starts = (
+        (packed_positions == 0).nonzero().flatten()
+    )  # every sequence and pad slot counts from 0
+    ends = torch.tensor([rows * width], device=input_ids.device)
     return PackedBatch(
         input_ids=packed_ids.view(rows, width),
         position_ids=packed_positions.view(rows, width),
         predictors=predictors,
         real=real,
+        cu_seq_lens=torch.cat([starts, ends]).to(torch.int32),
+        max_length=max(max(sizes, default=0), 1),
     )
 
 
@@ -180,21 +219,23 @@ def packed_response_hidden(
     response_length: int,
 ) -> tuple[Tensor, Tensor]:
     """((B, R', H) hidden states that predict each response column, (B, R') bool ``real``) from one
-    packed forward of ``decoder`` (a Hugging Face base model; the layout from its config)."""
-    packed = pack_rows(
-        input_ids, attention_mask, position_ids, response_length, packed_layout(decoder)
-    )
+    packed forward of ``decoder`` (a Hugging Face base model; the layout from its config and
+    weights), the sequence boundaries handed to it for a ``varlen`` layout."""
+    layout = packed_layout(decoder)
+    packed = pack_rows(input_ids, attention_mask, position_ids, response_length, layout)
     hidden = decoder(
         input_ids=packed.input_ids,
         attention_mask=None,
         position_ids=packed.position_ids,
         use_cache=False,
+        **(packed.boundaries() if layout.varlen else {}),
     ).last_hidden_state  # (N, W, H)
     return packed.gather(hidden), packed.real
 
 
 __all__ = [
     "PACKED_LAYOUTS",
+    "ROWS",
     "PackedBatch",
     "PackedLayout",
     "pack_rows",

@@ -8,7 +8,8 @@ forward sees the batch is an entry of :data:`FORWARD_LAYOUTS`:
 * ``full``: every column as given (B, T);
 * ``trimmed``: the columns some row needs (``stages.engines.trimming.real_span``);
 * ``packed``: the rows' real tokens back to back (``stages.engines.packing``; verl's
-  ``use_remove_padding``).
+  ``use_remove_padding``): one row and a variable-length attention kernel where one fits the
+  model's device and dtype, no (N × N) mask; elsewhere narrow rows with a block-diagonal mask.
 
 Every layout returns ((B, R', H) hidden states, (B, R') bool ``real`` or None) with R' ≤ R the
 response columns it kept (the rest are padding in every row); where ``real`` is False (packed: no

@@ -15,6 +15,7 @@ import torch
 from stages.config import load_config
 from stages.data.tiny_model import make_tiny_model
 from stages.engines.actor import PPOUpdateSettings, compute_log_prob, update_actor
+from stages.engines.attention import LOADED_AS
 from stages.engines.batching import MicroBatching
 from stages.engines.critic import ValueModel, compute_values, update_critic
 from stages.engines.deepspeed_setup import EngineSettings, initialize_engine
@@ -68,7 +69,8 @@ def test_rows_are_packed_first_fit_with_their_own_positions(make_rollout_batch):
 def test_packed_log_probs_entropy_and_gradients_equal_the_padded(
     tiny_model_dir, make_rollout_batch, attn, one_row, monkeypatch
 ):
-    monkeypatch.setitem(PACKED_LAYOUTS, attn, PackedLayout(one_row=one_row))
+    loaded = LOADED_AS.get(attn, attn)  # the config's sdpa loads ppoflow's
+    monkeypatch.setitem(PACKED_LAYOUTS, loaded, PackedLayout(one_row=one_row))
     t = make_rollout_batch(PROMPTS, RESPONSES, P, R).batch
     real = t["response_mask"].bool()
     results = []
