@@ -21,9 +21,12 @@ to check the script where there is no GPU (its figures mean nothing).
   non-embedding parameters (hidden 1024, 24 layers, 16 heads / 4 KV heads, MLP 4096, the tiny
   byte tokenizer's vocabulary). MFU = 6 · N · tokens/s ÷ peak, N = non-embedding parameters,
   tokens = non-padding tokens of the mini-batch (attention FLOPs are not counted).
-- rollout: the same model in bf16: ``rollout_hf.generate_sequences`` (all rows in one batch) and,
+- rollout: the same model in bf16: ``rollout_hf.generate_sequences`` (all rows in one batch)
+  through two HF decode paths, ``generate`` (HF's) and ``cuda_graphs`` (a static cache, finished
+  rows dropped, each step a CUDA graph: ``stages.engines.hf_decode``), with their ratio, and,
   when ``vllm`` imports, ``VLLMRollout`` (bf16, eager mode) on the same prompts and sampling
-  settings. tokens/s = generated tokens (Σ response_mask) ÷ wall time.
+  settings. tokens/s = generated tokens (Σ response_mask) ÷ wall time. ``rollout --cpu-smoke``
+  runs ``generate`` and the same loop eager on the CPU with a tiny model (figures mean nothing).
 - lora: full training against LoRA rank 8 and rank 64 (α = 2r, every linear layer, PEFT) of a
   random Qwen2 of Qwen2.5-0.5B's shape built from its config (hidden 896, 24 layers, 14 heads /
   2 KV heads, MLP 4864, vocabulary 151,936, tied embeddings: 494 M parameters), bf16, DeepSpeed
@@ -185,21 +188,29 @@ def prompt_batch(rows: int, width: int, vocab: int, pad: int):
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+    sync()
     start = time.perf_counter()
     out = fn()
-    torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - start, out
 
 
-def hf_rollout(model_dir: Path, prompts, settings) -> tuple[float, int]:
+def hf_rollout(model_dir: Path, prompts, settings, decode_path: str) -> tuple[float, int]:
+    """One timed call of ``generate_sequences`` through the ``HF_DECODE_PATHS`` entry
+    ``decode_path`` (bf16 on CUDA, fp32 on the CPU), after a warm-up call (which compiles and
+    records the CUDA graphs on the compiled path)."""
+    from stages.engines.hf_decode import release_decode_buffers
     from stages.engines.models import load_causal_lm
-    from stages.engines.rollout_hf import generate_sequences
+    from stages.engines.rollout_hf import HF_DECODE_PATHS, generate_sequences
 
-    model = load_causal_lm(model_dir, dtype="bf16").to("cuda")
-    on_gpu = type(prompts)(batch=prompts.batch.to("cuda"), non_tensor_batch={}, meta_info={})
-    generate_sequences(model, on_gpu, settings)  # warm-up
-    seconds, out = timed(lambda: generate_sequences(model, on_gpu, settings))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = load_causal_lm(model_dir, dtype="bf16" if device == "cuda" else "float32").to(device)
+    on_device = type(prompts)(batch=prompts.batch.to(device), non_tensor_batch={}, meta_info={})
+    decode = HF_DECODE_PATHS.get(decode_path).run
+    generate_sequences(model, on_device, settings, decode)  # warm-up
+    seconds, out = timed(lambda: generate_sequences(model, on_device, settings, decode))
+    release_decode_buffers(model)
     return seconds, int(out.batch["response_mask"].sum())
 
 
@@ -219,41 +230,68 @@ def vllm_rollout(model_dir: Path, prompts, settings, max_model_len: int) -> tupl
     return seconds, int(out.batch["response_mask"].sum())
 
 
+#: the HF decode paths the rollout part times (``stages.engines.hf_decode``): today's
+#: ``generate`` and the static-cache loop compiled into CUDA graphs; on the CPU (``--cpu-smoke``)
+#: the same loop eager
+HF_DECODE_PATHS_TIMED = {"cuda": ("generate", "cuda_graphs"), "cpu": ("generate", "static")}
+#: the rollout part's ``--cpu-smoke`` model: the tiny model's default shape
+SMOKE_ROLLOUT_SHAPE = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                           intermediate_size=128)  # fmt: skip
+
+
 def rollout_part(args: argparse.Namespace) -> list[str]:
+    from stages.data.tiny_model import make_tiny_model
     from stages.data.tokenizer import build_tiny_tokenizer
     from stages.engines.rollout_hf import SamplingSettings
 
     tokenizer = build_tiny_tokenizer()
+    rows, prompt, response = (
+        (8, 16, 16) if args.cpu_smoke else (args.rows, args.prompt, args.response)
+    )
     settings = SamplingSettings(
-        response_length=args.response,
+        response_length=response,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         temperature=1.0,
+        seed=0,  # the warm-up call samples what the timed call does: the same batch sizes
     )
-    prompts = prompt_batch(args.rows, args.prompt, len(tokenizer), tokenizer.pad_token_id)
+    prompts = prompt_batch(rows, prompt, len(tokenizer), tokenizer.pad_token_id)
+    smoke = ", CPU smoke run: tiny shape, fp32, figures mean nothing" if args.cpu_smoke else ""
     lines = [
-        "## Rollout tokens/s (bf16, same prompts and sampling)",
-        f"- {args.rows} prompts × P={args.prompt}, R ≤ {args.response}, temperature 1; "
-        "generated tokens (Σ response_mask) ÷ wall time of one call after a warm-up call",
+        f"## Rollout tokens/s (bf16, same prompts and sampling{smoke})",
+        f"- {rows} prompts × P={prompt}, R ≤ {response}, temperature 1, seed 0; "
+        "generated tokens (Σ response_mask) ÷ wall time of one call after a warm-up call (which "
+        "compiles the `cuda_graphs` path's step and records its graphs)",
     ]
+    paths = HF_DECODE_PATHS_TIMED["cuda" if torch.cuda.is_available() else "cpu"]
     with tempfile.TemporaryDirectory(prefix="ppoflow-gpu-") as root:
-        model_dir = build_model_dir(Path(root))
-        hf_s, hf_tokens = hf_rollout(model_dir, prompts, settings)
-        gc.collect()  # the HF model's memory back before vLLM sizes its KV cache
-        torch.cuda.empty_cache()
-        lines.append(
-            f"- hf (generate, one batch): **{hf_tokens / hf_s:,.0f} tokens/s** ({hf_tokens} tokens, {hf_s:.2f} s)"
-        )
+        shape = SMOKE_ROLLOUT_SHAPE if args.cpu_smoke else MODEL_SHAPE
+        model_dir = make_tiny_model(Path(root) / "model", **shape)
+        rates = {}
+        for path in paths:
+            seconds, tokens = hf_rollout(model_dir, prompts, settings, path)
+            gc.collect()  # the HF model's memory back before the next one / vLLM sizes its cache
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            rates[path] = tokens / seconds
+            lines.append(
+                f"- hf `{path}`: **{rates[path]:,.0f} tokens/s** ({tokens} tokens, {seconds:.2f} s)"
+            )
+        for path in paths[1:]:
+            ratio = rates[path] / rates["generate"]
+            lines.append(f"- hf `{path}` ÷ hf `generate`: **{ratio:.2f}×**")
+        if args.cpu_smoke:
+            return lines
         try:
             import vllm  # noqa: F401
         except ImportError as error:
             lines.append(f"- vllm: not measured, vllm does not import here ({error})")
             return lines
-        v_s, v_tokens = vllm_rollout(model_dir, prompts, settings, args.prompt + args.response)
+        v_s, v_tokens = vllm_rollout(model_dir, prompts, settings, prompt + response)
     lines.append(
         f"- vllm (eager): **{v_tokens / v_s:,.0f} tokens/s** ({v_tokens} tokens, {v_s:.2f} s)"
     )
-    lines.append(f"- vllm ÷ hf: **{(v_tokens / v_s) / (hf_tokens / hf_s):.1f}×**")
+    lines.append(f"- vllm ÷ hf `generate`: **{(v_tokens / v_s) / rates['generate']:.1f}×**")
     return lines
 
 
@@ -400,13 +438,16 @@ def main() -> None:
     parser.add_argument("--response", type=int, default=512)
     parser.add_argument("--micro", type=int, default=16, help="rows per micro-batch (mfu, lora)")
     parser.add_argument("--lora-rows", type=int, default=32, help="mini-batch rows (lora)")
-    parser.add_argument("--cpu-smoke", action="store_true", help="lora on the CPU, tiny shape")
+    parser.add_argument(
+        "--cpu-smoke", action="store_true", help="lora / rollout on the CPU, tiny shape"
+    )
     parser.add_argument("--lora-variant", choices=sorted(LORA_RANKS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.lora_variant:  # one variant of the lora part, in a process of its own
         print("LORA " + json.dumps(lora_variant(args)), flush=True)
         return
-    if not torch.cuda.is_available() and args.part != "lora":
+    runs_on_cpu = args.part == "lora" or (args.cpu_smoke and args.part == "rollout")
+    if not torch.cuda.is_available() and not runs_on_cpu:
         raise SystemExit("gpu_check.py needs CUDA: torch.cuda.is_available() is False")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     lines = PARTS[args.part](args)

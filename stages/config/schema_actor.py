@@ -283,7 +283,10 @@ class RolloutConfig(ConfigModel):
     gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="Fraction of device memory vLLM may take (ratio)"
     )
-    enforce_eager: bool = Field(False, description="vLLM: disable CUDA graphs (bool)")
+    enforce_eager: bool = Field(
+        False,
+        description="Disable CUDA graphs: vLLM's, and the hf rollout's compiled decode on CUDA (bool)",
+    )
     free_cache_engine: bool = Field(
         True, description="vLLM: release the KV cache between rollouts (bool)"
     )

@@ -7,8 +7,10 @@ the engine builder ask the entry instead of comparing the name:
 ==========  ==============================  =========================  ==========  ====================
 name        generates with                  max_tensor_parallel_size   row_seeded  log_probs_are_actors
 ==========  ==============================  =========================  ==========  ====================
-``hf``      HF ``generate`` on the actor's  1                          False       True
-            own module (newest weights)
+``hf``      HF decoding on the actor's own  1                          False       True
+            module (newest weights): a
+            static cache and CUDA graphs
+            on CUDA, else ``generate``
 ``vllm``    a vLLM engine in the actor      any that divides the       True        False
             rank's process, sent the        ranks
             weights after updates
@@ -90,12 +92,22 @@ ROLLOUT_METHODS = ("generate_sequences",)
 
 
 def _hf_generate(worker: Any, prompts: DataProto, settings: Any) -> DataProto:
-    """HF ``generate`` on the actor's own module (ZeRO-3 parameters gathered around it)."""
+    """HF decoding on the actor's own module (ZeRO-3 parameters gathered around it), by the
+    decode path ``rollout_hf.choose_decode_path`` picks: on CUDA a static cache with finished
+    rows dropped, its step compiled into CUDA graphs unless ``rollout.enforce_eager`` or
+    ZeRO-3; elsewhere HF ``generate`` (``stages.engines.hf_decode``)."""
     from stages.engines.roles import device_of, on_device, on_host
-    from stages.engines.rollout_hf import generate_sequences
+    from stages.engines.rollout_hf import choose_decode_path, generate_sequences
 
+    device = device_of(worker.engine)
+    decode = choose_decode_path(
+        worker.lm,
+        device,
+        enforce_eager=worker.config.actor_rollout_ref.rollout.enforce_eager,
+        weights_gathered=worker.engine.zero_optimization_stage() == 3,
+    )
     with worker.full_parameters():
-        out = generate_sequences(worker.lm, on_device(prompts, device_of(worker.engine)), settings)
+        out = generate_sequences(worker.lm, on_device(prompts, device), settings, decode.run)
     return on_host(out)
 
 

@@ -1,5 +1,9 @@
 """Rollouts with Hugging Face ``generate`` on the actor's own module (no second weight copy).
 
+``generate_sequences`` decodes with the function it is given: by default ``generate`` (here), or
+an ``HF_DECODE_PATHS`` entry's (``stages.engines.hf_decode``: a static cache, finished rows
+dropped, CUDA graphs), which :func:`choose_decode_path` picks by what each entry needs.
+
 Input: a prompt batch already repeated ``n`` times (interleaved, so the samples of one prompt are
 adjacent), left-padded ``input_ids`` / ``attention_mask`` / ``position_ids`` of width P.
 Output (B rows, one response each):
@@ -31,6 +35,7 @@ from torch import Tensor, nn
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from dataproto import DataProto
+from stages.engines.hf_decode import HF_DECODE_PATHS, DecodeFn, DecodePathSpec
 from stages.engines.kv_cache import reserved_cache
 from stages.engines.trimming import first_used_column
 
@@ -216,14 +221,49 @@ def shared_prompt_cache(
     return cache
 
 
+HF_DECODE_PATHS.add(
+    "generate",
+    DecodePathSpec(
+        run=_generate_rows,
+        preference=0,
+        device_types=None,
+        compiles=False,
+        needs_plain_attention=False,
+    ),
+)
+
+
+def choose_decode_path(
+    module: nn.Module, device: torch.device, *, enforce_eager: bool, weights_gathered: bool
+) -> DecodePathSpec:
+    """The ``HF_DECODE_PATHS`` entry of highest preference whose needs hold
+    (``DecodePathSpec.fits``); ``generate`` fits everywhere.
+
+    ``enforce_eager``: verl's ``rollout.enforce_eager`` (no torch.compile / CUDA graphs);
+    ``weights_gathered``: the module's parameters are gathered around each call (ZeRO-3).
+    """
+    specs = [HF_DECODE_PATHS.get(name) for name in HF_DECODE_PATHS]
+    fitting = [
+        spec
+        for spec in specs
+        if spec.fits(module, device, enforce_eager=enforce_eager, weights_gathered=weights_gathered)
+    ]
+    return max(fitting, key=lambda spec: spec.preference)
+
+
 @torch.no_grad()
 def generate_sequences(
-    module: nn.Module, prompts: DataProto, settings: SamplingSettings, **generate_kwargs
+    module: nn.Module,
+    prompts: DataProto,
+    settings: SamplingSettings,
+    decode: DecodeFn = _generate_rows,
+    **generate_kwargs,
 ) -> DataProto:
     """One response per prompt row; see the module docstring for the output layout.
 
-    ``generate_kwargs`` go to ``module.generate`` (e.g. ``synced_gpus=True`` under ZeRO-3 with
-    several ranks).
+    ``decode``: the decode path's function (``choose_decode_path(...).run``); by default HF
+    ``generate``. ``generate_kwargs`` go to it, for ``generate``: ``module.generate`` (e.g.
+    ``synced_gpus=True`` under ZeRO-3 with several ranks).
     """
     batch = prompts.batch
     input_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
@@ -234,7 +274,7 @@ def generate_sequences(
     try:
         with seeded_rng(settings.seed, input_ids.device):
             chunks = _generate_chunks(
-                module, input_ids, prompt_mask, settings, step, **generate_kwargs
+                module, input_ids, prompt_mask, settings, step, decode, **generate_kwargs
             )
     finally:
         module.train(was_training)
@@ -261,11 +301,12 @@ def _generate_chunks(
     prompt_mask: Tensor,
     settings: SamplingSettings,
     step: int,
+    decode: DecodeFn,
     **generate_kwargs: Any,
 ) -> list[tuple[Tensor, Tensor]]:
     rows = input_ids.shape[0]
     return [
-        _generate_rows(
+        decode(
             module,
             input_ids[i : i + step],
             prompt_mask[i : i + step],

@@ -1,14 +1,22 @@
 """stages/engines/kv_cache.py: the reserved cache holds what a DynamicLayer holds, writes new
 tokens in place, survives the layer operations that replace its tensors, generates what
-transformers' own cache generates, and is not used where the model's cache has special layers."""
+transformers' own cache generates, and is not used where the model's cache has special layers;
+the slot buffers give one static cache per batch size over the same memory, and compaction keeps
+the rows it is asked to keep."""
 
 from __future__ import annotations
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
-from stages.engines.kv_cache import ReservedLayer, reserved_cache
+from stages.engines.kv_cache import (
+    ReservedLayer,
+    SlotBuffers,
+    has_plain_attention_layers,
+    reserved_cache,
+    slot_shapes,
+)
 from stages.engines.models import load_causal_lm
 
 
@@ -73,3 +81,28 @@ def test_a_model_with_sliding_window_layers_keeps_its_own_cache(tmp_path, make_t
     sliding = AutoModelForCausalLM.from_pretrained(path)
     assert "sliding_attention" in sliding.config.layer_types
     assert reserved_cache(sliding, reserve=8) is None
+    assert not has_plain_attention_layers(sliding)
+
+
+def test_slot_buffers_update_in_place_at_every_batch_size_and_compact_the_kept_rows():
+    dynamic = DynamicLayer()
+    dynamic.update(*states(3, 2, 0))  # a prefill of 3 distinct prompts, 2 columns
+    prefill = Cache(layers=[dynamic])
+    assert slot_shapes(prefill) == [(2, 4, 4)]
+    buffers = SlotBuffers([(2, 4, 4)], rows=5, capacity=6, dtype=torch.float32, device="cpu")
+    buffers.fill(prefill, row_of=torch.tensor([0, 0, 1, 2, 2]), offset=1)  # columns 1, 2
+    full = buffers.cache(5)
+    assert full is buffers.cache(5) and full.is_compileable
+    assert int(full.get_seq_length()) == 3 and full.get_max_cache_shape() == 6
+    keys, values = states(5, 1, 1)
+    got_keys, _ = full.update(keys, values, layer_idx=0)
+    assert got_keys.data_ptr() == buffers.keys[0].data_ptr()  # written in place, column 3
+    torch.testing.assert_close(buffers.keys[0][:, :, 3:4], keys, rtol=0, atol=0)
+    torch.testing.assert_close(buffers.keys[0][3, :, 1:3], dynamic.keys[2], rtol=0, atol=0)
+    before = buffers.keys[0].clone()
+    buffers.compact(torch.tensor([4, 1]))
+    small = buffers.cache(2)
+    assert small.layers[0].keys.shape == (2, 2, 6, 4) and int(small.get_seq_length()) == 4
+    torch.testing.assert_close(small.layers[0].keys[:, :, :4], before[[4, 1], :, :4])
+    small.update(*states(2, 1, 2), layer_idx=0)  # the shared counter: column 4 next
+    assert int(full.get_seq_length()) == int(small.get_seq_length()) == 5
