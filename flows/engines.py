@@ -28,7 +28,8 @@ run (:func:`check_backend`):
   ``stages.engines.colocated``): N devices for GRPO with a KL loss, not 2N; otherwise a group per
   role (:func:`build_rank_worker`), each on devices of its own. One GPU per rank when this
   process sees CUDA, else none (gloo); ``ppoflow.workers.num_cpus_per_rank`` CPUs per rank;
-  each node's ranks in one STRICT_PACK placement group (``trainer.n_gpus_per_node`` ranks).
+  each node's ranks in one bundle (``trainer.n_gpus_per_node`` ranks) of the group's
+  STRICT_SPREAD placement group: the bundles land on distinct nodes.
   With ``rollout.name: vllm`` every actor rank builds its own vLLM engine in its process, in
   the rank's torch.distributed world, and syncs it from its own DeepSpeed engine: every device
   generates and trains (verl's hybrid engine). With ``rollout.tensor_model_parallel_size`` t > 1
@@ -255,6 +256,7 @@ def _rank_group(config: Any, roles: list[str], total_training_steps: int) -> Any
         num_gpus_per_rank=gpus_per_rank,
         ranks_per_node=config.trainer.n_gpus_per_node,
         ray_init=ray_init_options(config, gpus_per_rank),
+        connect_timeout_s=config.ppoflow.workers.connect_timeout_s,
         **({"role": roles[0]} if len(roles) == 1 else {"roles": list(roles)}),
         config=config,
         total_training_steps=total_training_steps,

@@ -6,7 +6,7 @@ The layout follows from the config alone — ``trainer.nnodes × trainer.n_gpus_
 by the same functions the engine builder uses (``flows.engines.role_groups``), so what is printed
 is what a run starts. On CUDA each rank process of a role group holds one device: a node's ranks
 of group ``g`` take the node's GPUs ``g × n_gpus_per_node + local rank`` (each rank sees its
-one GPU as ``cuda:0``); Ray places them with one STRICT_PACK placement group per node and group.
+one GPU as ``cuda:0``); Ray places them with one STRICT_SPREAD placement group per group, a bundle per node.
 With ``rollout.name: vllm`` each actor rank's process holds its vLLM engine too, or at tensor
 parallelism t > 1 its shard of the engine that t consecutive actor ranks share.
 
@@ -76,7 +76,7 @@ def layout_lines(config: Any) -> list[str]:
     lines = [
         f"{head}; {how}; {len(groups) * ranks} rank processes"
         + (f", {devices} GPUs per node ({devices * nodes} in all)" if on_cuda else " on CPU")
-        + "; each node's ranks of a group in one STRICT_PACK placement group"
+        + "; each node's ranks of a group in one bundle of a STRICT_SPREAD placement group"
         + engines
     ]
     for node in range(nodes):

@@ -138,6 +138,12 @@ class WorkersConfig(ConfigModel):
         gt=0,
         description="Ray CPUs reserved per rank; also the rank's OMP_NUM_THREADS (CPUs)",
     )
+    connect_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="ray backend with RAY_ADDRESS set: how long connecting to that cluster may "
+        "take before the run stops with one error line naming it (seconds)",
+    )
     colocate: bool = Field(
         True,
         description="Every model role of a rank (actor, ref, critic) in one process on one "

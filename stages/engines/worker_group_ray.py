@@ -14,20 +14,26 @@ on one node (one machine, the usual case) MASTER_ADDR is 127.0.0.1; when the ran
 nodes of a Ray cluster it is rank 0's node IP (as Ray reports it), which the other nodes must be
 able to reach on that port. LOCAL_RANK is the rank's index among the ranks on its node, or 0 when each rank holds
 a GPU (Ray then restricts CUDA_VISIBLE_DEVICES to that one GPU, which is cuda:0 in the actor).
-Placement: one Ray placement group per node of ranks (``ranks_per_node`` bundles of the rank's
-CPUs and GPU, strategy STRICT_PACK), rank r in bundle r mod ``ranks_per_node`` of group
-r // ``ranks_per_node``: a node's ranks land on one machine together (their NCCL traffic stays on
-NVLink), or the group waits for such a machine and says so after ``startup_timeout_s``. The
-placement groups are removed when the group closes.
+Placement: one Ray placement group per worker group, strategy STRICT_SPREAD, with one bundle
+per node of ranks (``ranks_per_node`` × the rank's CPUs and GPU): rank r runs in bundle
+r // ``ranks_per_node``. A bundle lies on one machine, so a node's ranks land together (their
+NCCL traffic stays on NVLink), and STRICT_SPREAD puts every bundle on a different machine, so
+``world_size / ranks_per_node`` nodes of ranks take as many distinct Ray nodes. The group waits
+for such nodes and says so after ``startup_timeout_s``. The placement group is removed when the
+group closes.
 
 Environment of every actor, from process start (Ray ``runtime_env`` env_vars): OMP_NUM_THREADS =
 ``num_cpus_per_rank``, TORCH_EXTENSIONS_DIR passed through from the driver when set (DeepSpeed's
 JIT-compiled ops are cached there), then ``env`` (e.g. PYTHONPATH for a factory defined outside
 the installed packages). DS_ACCELERATOR=cpu is set in the actor when it sees no CUDA device.
 
-Ray itself: ``ray.init`` is called only when Ray is not initialised yet — a local instance with
-``world_size × num_cpus_per_rank`` CPUs and no dashboard, or a connection to the cluster at
-``RAY_ADDRESS`` when that is set — and :meth:`RayWorkerGroup.close` kills the actors and calls
+Ray itself: ``ray.init`` is called only when Ray is not initialised yet, in one of two ways.
+With no ``RAY_ADDRESS`` the group starts a private instance, ``ray.init(address="local")`` with
+``world_size × num_cpus_per_rank`` CPUs and no dashboard: it never joins a cluster that Ray would
+otherwise find through its last-cluster file (``<RAY_TMPDIR or /tmp>/ray/ray_current_cluster``,
+written by ``ray start``). It is one node, so ranks spanning several nodes need a cluster. With
+``RAY_ADDRESS`` set the group connects to that cluster, within ``connect_timeout_s``
+(:func:`connect_within`). :meth:`RayWorkerGroup.close` kills the actors and calls
 ``ray.shutdown`` only if this group started Ray. Importing this module does not import Ray.
 
 Loopback: every process of a local instance listens on loopback only (:func:`loopback_node`;
@@ -43,6 +49,7 @@ import ipaddress
 import math
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -57,6 +64,8 @@ from stages.skipped_imports import install as install_skipped_imports
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 #: after one rank fails, seconds the others get to finish before the group is declared broken
 DEFAULT_FAILURE_GRACE_S = 60.0
+#: seconds ``ray.init`` may take to connect to the cluster at ``RAY_ADDRESS``
+DEFAULT_CONNECT_TIMEOUT_S = 60.0
 #: Ray's single-machine switch: ``=0`` makes Ray take a loopback node address, as it does on
 #: Windows and macOS (Ray documents ``=1``, multi-node clusters there); read when Ray is imported
 RAY_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -151,6 +160,57 @@ def gloo_on_loopback(master_addr: str, environ: Mapping[str, str]) -> dict[str, 
         return {}
     interface = loopback_interface()
     return {"GLOO_SOCKET_IFNAME": interface} if interface else {}
+
+
+def connect_within(ray: Any, options: dict[str, Any], timeout_s: float) -> None:
+    """``ray.init(**options)`` to the cluster at ``RAY_ADDRESS``, or one error line after
+    ``timeout_s`` seconds.
+
+    Ray bounds no connection as a whole: read in 2.60's source (``ray._private.node.Node.
+    _init_gcs_client``), a driver makes up to ``RAY_NUM_REDIS_GET_RETRIES`` (20) attempts on a
+    GCS that does not answer, each waiting ``gcs_rpc_server_connect_timeout_s`` (5 s) for the
+    GCS channel, as long for its pub-sub channel, then ``py_gcs_connect_timeout_s`` (30 s): a
+    quarter of an hour. Those knobs are C++ config read once per process, so instead
+    ``ray.init`` runs on a daemon thread and the caller waits for it ``timeout_s``. A
+    connection abandoned at the deadline that still succeeds later is shut down by its thread,
+    so Ray is never left initialised behind the error; until Ray gives it up the attempt runs
+    on, so start Ray again in a new process, not in this one.
+
+    Raises:
+        TimeoutError: no connection within ``timeout_s``; the message names ``RAY_ADDRESS`` and
+            ``connect_timeout_s``.
+        ConnectionError: ``ray.init`` failed within the deadline (its error chained).
+    """
+    address = os.environ.get("RAY_ADDRESS", "")
+    lock, outcome = threading.Lock(), {}
+
+    def connect() -> None:
+        try:
+            ray.init(**options)
+        except BaseException as error:  # handed to the waiting caller, never lost
+            outcome["error"] = error
+        with lock:
+            outcome["done"] = True
+            if outcome.get("abandoned") and "error" not in outcome:
+                ray.shutdown()
+
+    thread = threading.Thread(target=connect, name="ray-init", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    with lock:
+        if not outcome.get("done"):
+            outcome["abandoned"] = True
+            raise TimeoutError(
+                f"error: the Ray cluster at RAY_ADDRESS={address} did not answer within "
+                f"{timeout_s:g} s (connect_timeout_s): set RAY_ADDRESS to the head's GCS "
+                "address (host:port of `ray start --head`, `ray status` there) reachable from "
+                "this machine, or unset it to start a private Ray instance"
+            )
+    if "error" in outcome:
+        raise ConnectionError(
+            f"error: could not connect to the Ray cluster at RAY_ADDRESS={address}: "
+            f"{outcome['error']}"
+        ) from outcome["error"]
 
 
 class _RankHost:
@@ -270,13 +330,15 @@ class RayWorkerGroup:
             module-level function of a module the actors can import).
         world_size: number of data-parallel ranks.
         num_cpus_per_rank / num_gpus_per_rank: Ray resources reserved per rank.
-        ranks_per_node: ranks packed on one node (one STRICT_PACK placement group each);
-            None = all of them; must divide ``world_size``.
+        ranks_per_node: ranks packed on one node (one bundle of the group's STRICT_SPREAD
+            placement group: each node of ranks on a different Ray node); None = all of them;
+            must divide ``world_size``. Several nodes of ranks need a cluster (``RAY_ADDRESS``).
         env: extra environment variables for every rank (strings).
         ray_init: extra ``ray.init`` arguments, used only if this group starts Ray
             (e.g. ``{"object_store_memory": 200 * 1024**2}``); a local instance stays on
             loopback (a ``_node_ip_address`` that is not loopback is refused).
-        startup_timeout_s: how long to wait for every actor to be scheduled and started.
+        startup_timeout_s: how long to wait for the nodes and for every actor to start.
+        connect_timeout_s: how long ``ray.init`` may take to connect to ``RAY_ADDRESS``.
         failure_grace_s: after a rank raises, how long the others may run on before the group is
             closed as broken (a rank blocked in a collective would otherwise wait forever).
         **kwargs: the factory's arguments (the same on every rank).
@@ -293,6 +355,7 @@ class RayWorkerGroup:
         env: dict[str, str] | None = None,
         ray_init: dict[str, Any] | None = None,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         failure_grace_s: float = DEFAULT_FAILURE_GRACE_S,
         **kwargs: Any,
     ) -> None:
@@ -305,6 +368,8 @@ class RayWorkerGroup:
                 f"num_cpus_per_rank must be > 0 and num_gpus_per_rank ≥ 0, got "
                 f"{num_cpus_per_rank} and {num_gpus_per_rank}"
             )
+        if not connect_timeout_s > 0:
+            raise ValueError(f"connect_timeout_s must be > 0 s, got {connect_timeout_s!r}")
         ranks_per_node = world_size if ranks_per_node is None else ranks_per_node
         check_divisor("ranks_per_node", ranks_per_node, world_size, f"world_size={world_size}")
         env = _check_env(env)
@@ -313,11 +378,14 @@ class RayWorkerGroup:
         self.ranks_per_node = ranks_per_node
         self.failure_grace_s = failure_grace_s
         self._actors: list[Any] = []
-        self._placement_groups: list[Any] = []
+        self._placement_group: Any = None
         self._owns_ray = False
         try:
             self._start_ray(
-                world_size * num_cpus_per_rank, world_size * num_gpus_per_rank, ray_init
+                world_size * num_cpus_per_rank,
+                world_size * num_gpus_per_rank,
+                ray_init,
+                connect_timeout_s,
             )
             self._start_actors(
                 factory,
@@ -331,15 +399,30 @@ class RayWorkerGroup:
             self.close()
             raise
 
-    def _start_ray(self, num_cpus: float, num_gpus: float, ray_init: dict[str, Any] | None) -> None:
+    def _start_ray(
+        self,
+        num_cpus: float,
+        num_gpus: float,
+        ray_init: dict[str, Any] | None,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    ) -> None:
         ray = self._ray
         if ray.is_initialized():
             return
         if os.environ.get("RAY_ADDRESS"):  # an existing cluster: connect, it has its resources
-            ray.init(**(ray_init or {}))
+            connect_within(ray, ray_init or {}, connect_timeout_s)
             self._owns_ray = True
             return
+        nodes = self.world_size // self.ranks_per_node
+        if nodes > 1:
+            raise ValueError(
+                f"error: ranks_per_node={self.ranks_per_node} puts the {self.world_size} ranks "
+                f"on {nodes} nodes, but with RAY_ADDRESS unset the group starts a private Ray "
+                f"instance, which is one node: set RAY_ADDRESS to a cluster of {nodes} nodes, "
+                f"or ranks_per_node={self.world_size} (trainer.nnodes=1)"
+            )
         options: dict[str, Any] = {
+            "address": "local",  # never a cluster named by Ray's last-cluster file
             "num_cpus": max(1, math.ceil(num_cpus)),
             "include_dashboard": False,
         }
@@ -374,8 +457,8 @@ class RayWorkerGroup:
                 num_gpus=num_gpus,
                 runtime_env={"env_vars": process_env},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._placement_groups[rank // self.ranks_per_node],
-                    placement_group_bundle_index=rank % self.ranks_per_node,
+                    placement_group=self._placement_group,
+                    placement_group_bundle_index=rank // self.ranks_per_node,
                 ),
             ).remote(rank, self.world_size, factory, kwargs, timeout)
             for rank in range(self.world_size)
@@ -394,24 +477,24 @@ class RayWorkerGroup:
         self._gather([a.build.remote(e) for a, e in zip(self._actors, envs)], "build")
 
     def _reserve_nodes(self, num_cpus: float, num_gpus: float, timeout: float) -> None:
-        """``self._placement_groups``: one STRICT_PACK placement group per node of ranks (module
-        docstring), ready."""
+        """``self._placement_group``, ready: STRICT_SPREAD, bundle k holding the resources of
+        node k's ranks (module docstring)."""
         from ray.util.placement_group import placement_group
 
-        bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
+        rank = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
+        node = {name: amount * self.ranks_per_node for name, amount in rank.items()}
         nodes = self.world_size // self.ranks_per_node
-        groups = [
-            placement_group([dict(bundle)] * self.ranks_per_node, strategy="STRICT_PACK")
-            for _ in range(nodes)
-        ]
-        self._placement_groups = groups  # close() removes them if they never become ready
+        group = placement_group([dict(node) for _ in range(nodes)], strategy="STRICT_SPREAD")
+        self._placement_group = group  # close() removes it if it never becomes ready
         try:
-            self._ray.get([g.ready() for g in groups], timeout=timeout)
+            self._ray.get(group.ready(), timeout=timeout)
         except self._ray.exceptions.GetTimeoutError:
+            alive = sum(1 for n in self._ray.nodes() if n.get("Alive"))
             raise RuntimeError(
-                f"no {nodes} node(s) with {self.ranks_per_node} × ({bundle}) free each came up "
-                f"within {timeout:.0f} s for the {self.world_size} ranks (one STRICT_PACK placement "
-                f"group per node); cluster resources now: {self._ray.available_resources()}"
+                f"no {nodes} distinct Ray node(s) with {node} free each (the {self.world_size} "
+                f"ranks, {self.ranks_per_node} per node, one STRICT_SPREAD placement group) came "
+                f"up within {timeout:.0f} s; the cluster has {alive} alive node(s), resources "
+                f"free now: {self._ray.available_resources()}"
             ) from None
 
     def call(
@@ -442,20 +525,19 @@ class RayWorkerGroup:
         return self._gather(refs, method)
 
     def close(self) -> None:
-        """Kill the rank actors, remove their placement groups; shut Ray down if this group
+        """Kill the rank actors, remove their placement group; shut Ray down if this group
         started it. Safe to call twice."""
         actors, self._actors = self._actors, []
-        groups, self._placement_groups = self._placement_groups, []
+        group, self._placement_group = self._placement_group, None
         if not self._ray.is_initialized():  # someone shut Ray down already: the actors are gone
             self._owns_ray = False
             return
         for actor in actors:
             self._ray.kill(actor)
-        if groups:
+        if group is not None:
             from ray.util.placement_group import remove_placement_group
 
-            for group in groups:
-                remove_placement_group(group)
+            remove_placement_group(group)
         if self._owns_ray:
             self._owns_ray = False
             self._ray.shutdown()

@@ -95,7 +95,7 @@ def test_show_layout_prints_processes_roles_and_devices() -> None:
     assert lines[0] == (
         "8 ranks (2 nodes × 4), backend ray; colocated: every role of a rank in one process; "
         "8 rank processes, 4 GPUs per node (8 in all); each node's ranks of a group in one "
-        "STRICT_PACK placement group"
+        "bundle of a STRICT_SPREAD placement group"
     )
     assert len(lines) == 9  # one per rank process
     assert lines[8] == (

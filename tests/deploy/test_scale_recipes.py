@@ -60,7 +60,7 @@ def test_the_recipes_pass_the_run_checks_and_print_their_layout(config, ranks, m
     result = CliRunner().invoke(app, ["config", "show", "--layout", "--config", config])
     assert result.exit_code == 0 and "error" not in result.output, result.output
     lines = result.output.splitlines()
-    assert f"{ranks} rank processes" in lines[0] and "STRICT_PACK" in lines[0]
+    assert f"{ranks} rank processes" in lines[0] and "STRICT_SPREAD" in lines[0]
     assert len(lines) == 1 + ranks
     assert all("actor (DeepSpeed ZeRO-3, rollout vllm) + ref (ZeRO-3" in line for line in lines[1:])
 

@@ -144,12 +144,12 @@ def test_the_switch_is_set_only_while_a_local_instance_starts(monkeypatch):
         __version__="test",
     )
     group = object.__new__(RayWorkerGroup)
-    group._ray = fake
+    group._ray, group.world_size, group.ranks_per_node = fake, 2, 2
     monkeypatch.setenv(RAY_CLUSTER_SWITCH, "1")  # a value of the user's: restored afterwards
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     group._start_ray(2, 0, {"object_store_memory": 1})
-    assert seen.pop() == (
-        {"num_cpus": 2, "include_dashboard": False, "object_store_memory": 1},
+    assert seen.pop() == (  # address "local": never the cluster of Ray's last-cluster file
+        {"address": "local", "num_cpus": 2, "include_dashboard": False, "object_store_memory": 1},
         "0",
         False,
     )

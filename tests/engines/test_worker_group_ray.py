@@ -171,9 +171,10 @@ def test_rank_zero_holds_the_rendezvous_port_from_the_moment_it_reports_it():
     assert _RankHost(1, 2, dict, {}, timeout_s=30).placement()[1] == 0
 
 
-def test_each_node_of_ranks_is_one_strict_pack_placement_group():
-    """After the shared group closed (Ray shut down): 2 ranks, 1 per node → 2 placement groups of
-    one bundle each, STRICT_PACK, ready while the group lives and removed when it closes."""
+def test_the_ranks_take_one_strict_spread_placement_group_removed_on_close():
+    """After the shared group closed (Ray shut down): 2 ranks on the private instance (one
+    node) → one placement group, STRICT_SPREAD, with one bundle of both ranks' CPUs, ready while
+    the group lives and removed when it closes (tests/engines/test_ray_cluster.py: two nodes)."""
     from ray.util import placement_group_table
 
     assert not ray.is_initialized()
@@ -181,17 +182,16 @@ def test_each_node_of_ranks_is_one_strict_pack_placement_group():
         ValueError, match=r"ranks_per_node must be an int ≥ 1 dividing world_size=2"
     ):
         RayWorkerGroup(dict, 2, ranks_per_node=3)
-    group = RayWorkerGroup(dict, 2, num_cpus_per_rank=0.5, ranks_per_node=1)
+    group = RayWorkerGroup(dict, 2, num_cpus_per_rank=0.5)
     try:
-        table = placement_group_table()
-        mine = [table[g.id.hex()] for g in group._placement_groups]
-        assert [(p["strategy"], p["state"], len(p["bundles"])) for p in mine] == [
-            ("STRICT_PACK", "CREATED", 1)
-        ] * 2
-        assert all(p["bundles"][0] == {"CPU": 0.5} for p in mine)
-        ids = [g.id.hex() for g in group._placement_groups]
+        pg = placement_group_table(group._placement_group)
+        assert (pg["strategy"], pg["state"], pg["bundles"]) == (
+            "STRICT_SPREAD",
+            "CREATED",
+            {0: {"CPU": 1.0}},
+        )
         group.close()
         assert not ray.is_initialized()  # the group started Ray and shut it down
     finally:
         group.close()
-    assert ids and not group._placement_groups
+    assert group._placement_group is None
