@@ -8,53 +8,46 @@
 # 1. prints the environment (nvidia-smi, python, torch / CUDA, nvcc, package versions);
 # 2. installs the wheels found in bench/wheels (pip --no-index --no-deps into a private --target
 #    folder that goes first on PYTHONPATH; the image's own packages are left untouched);
-# 3. runs `pytest -m gpu tests/engines/test_gpu.py` (DeepSpeed bf16 / ZeRO-3 on CUDA, bf16 vs fp32
-#    log-probs, HF rollouts, micro-batch split invariance in fp32 ZeRO-2, the actor worker), and
-#    tests/engines/test_rollout_vllm.py (all but `slow`, gpu ones included) when vllm imports;
-# 4. measures the GPU figures (bench/gpu_check.py): peak bf16 matmul, actor-update MFU
+# 3. trains (bench/gpu_train.py): `ppoflow train`, GRPO with a KL loss on a random-init
+#    Qwen2.5-0.5B-shaped model for 2 steps ending with a checkpoint, then `ppoflow resume` for 2
+#    more; per-stage seconds, tokens/s, peak memory and the update's MFU from the run's journals;
+# 4. runs `pytest -m gpu tests/engines/test_gpu.py` (DeepSpeed bf16 / ZeRO-3 on CUDA, bf16 vs fp32
+#    log-probs, HF rollouts, micro-batch split invariance in fp32 ZeRO-2, the actor worker and its
+#    MFU / memory metrics), and tests/engines/test_rollout_vllm.py (all but `slow`, gpu ones
+#    included) when vllm imports;
+# 5. measures the GPU figures (bench/gpu_check.py): peak bf16 matmul, actor-update MFU
 #    (6·N·tokens/s ÷ peak), HF rollout tokens/s and, when vllm imports, vLLM's, LoRA rank 8 / 64
 #    against full training (step time, peak memory, optimizer state; a Qwen2.5-0.5B-shaped
 #    model built from a config), and the actor → vLLM weight sync's time and host memory
 #    (bench/weight_sync.py, 100M parameters);
-# 5. writes a short report to $OUT/gpu_report.md (./gpu_report.md when OUT is unset) and the whole
+# 6. writes a short report to $OUT/gpu_report.md (./gpu_report.md when OUT is unset) and the whole
 #    log to gpu_check.log beside it.
 # Every step has a time limit inside an overall budget (PPOFLOW_GPU_BUDGET_S, default 470 s); a step
 # that fails is recorded in the report and the next one runs.
 #
-# Wheels. The CUDA image has python3 with torch, transformers, numpy, pytest, pyyaml, pyarrow,
-# safetensors, fsspec, … but not deepspeed, tensordict, pydantic, or the config loader's omegaconf,
-# hydra-core and antlr4 (the actor-worker test loads a YAML config), nor (for the LoRA part) peft
-# and its accelerate and psutil; its transformers may be older than the one CI tests, so the CPU
-# environment's version travels too. Fill bench/wheels on the CPU
-# machine (network access, the project's .venv) with
+# Wheels. The CUDA image has python3 (3.12) with torch, transformers, numpy, pytest, pyyaml,
+# pyarrow, safetensors, tensorboard, … but none of Prefect, DeepSpeed, tensordict, pydantic or the
+# config loader's omegaconf / hydra-core. bench/gpu_wheels.txt names every package to carry (what
+# ppoflow needs and the image lacks: the closure of its requirements, MLflow and wandb left out);
+# fill bench/wheels on the CPU machine (network access, the project's .venv) with
 #
 #     bash bench/gpu_check.sh --fetch-wheels
 #
-# which pins the versions installed in .venv and runs
-#
-#     .venv/bin/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-#         --platform manylinux2014_x86_64 -d bench/wheels tensordict==V pyvers==V hjson==V \
-#         pydantic==V pydantic-core==V annotated-types==V typing-inspection==V typing-extensions==V \
-#         omegaconf==V hydra-core==V transformers==V peft==V accelerate==V psutil==V
-#     .venv/bin/python -m pip wheel --no-deps --no-build-isolation -w bench/wheels deepspeed==V \
-#         antlr4-python3-runtime==V
-#
-# (deepspeed and antlr4-python3-runtime are sdists on PyPI: `pip wheel` builds their pure-Python
-# wheels, deepspeed's with .venv's torch; its CUDA ops are JIT-compiled on the GPU machine.) About
-# 20 MiB in all (transformers is 12 MiB of it); the device tool carries at most
-# 64 MiB. bench/wheels is git-ignored (.gitignore line: /bench/wheels/), so name it in the tool's
-# carry list. PPOFLOW_WHEEL_PYTHON (default 3.12) is the GPU python's version. vllm is far too large
-# to carry; its checks run only where the image already has it. PPOFLOW_WHEEL_DIR overrides the
-# wheel folder (both modes).
+# which pins each to the version installed in .venv, downloads the wheels for CPython 3.12 on
+# manylinux x86-64 (`pip download --no-deps --only-binary=:all: --python-version 3.12 …`) and
+# builds the pure-Python wheels of the two sdists (deepspeed with .venv's torch; its CUDA ops are
+# JIT-compiled on the GPU machine). The device tool carries at most 64 MiB, the repository
+# included: the fetch fails above WHEEL_LIMIT_MIB. bench/wheels is git-ignored (.gitignore line:
+# bench/wheels/), so name it in the tool's carry list. PPOFLOW_WHEEL_PYTHON (default 3.12) is the
+# GPU python's version. vllm is far too large to carry; its checks run only where the image
+# already has it. PPOFLOW_WHEEL_DIR overrides the wheel folder (both modes).
 set -u -o pipefail
 
-WHEEL_PACKAGES=(tensordict pyvers hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions
-    omegaconf hydra-core transformers peft accelerate psutil)
-SDIST_PACKAGES=(deepspeed antlr4-python3-runtime)
-
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+mapfile -t WHEEL_PACKAGES < <(grep -v '^#' bench/gpu_wheels.txt | grep .)
+SDIST_PACKAGES=(deepspeed antlr4-python3-runtime)
 WHEEL_DIR=${PPOFLOW_WHEEL_DIR:-bench/wheels}
+WHEEL_LIMIT_MIB=54
 
 fetch_wheels() {
     local venv_python=.venv/bin/python pins=() name version
@@ -72,8 +65,14 @@ fetch_wheels() {
         --platform manylinux2014_x86_64 -d "$WHEEL_DIR" "${pins[@]:0:${#WHEEL_PACKAGES[@]}}" || return 1
     "$venv_python" -m pip wheel --no-deps --no-build-isolation -w "$WHEEL_DIR" \
         "${pins[@]:${#WHEEL_PACKAGES[@]}}" || return 1
-    du -sh "$WHEEL_DIR"
     ls "$WHEEL_DIR"
+    local mib
+    mib=$(du -sm "$WHEEL_DIR" | cut -f1)
+    echo "bench/wheels: ${mib} MiB (limit ${WHEEL_LIMIT_MIB} MiB: the device tool carries 64 MiB with the repository)"
+    if ((mib > WHEEL_LIMIT_MIB)); then
+        echo "gpu_check: the wheels take ${mib} MiB, over ${WHEEL_LIMIT_MIB}; remove stale ones from $WHEEL_DIR" >&2
+        return 1
+    fi
 }
 
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
@@ -161,7 +160,7 @@ else
 fi
 "$PY" - >>"$REPORT" <<'EOF'
 import importlib.metadata as metadata
-names = ["deepspeed", "transformers", "tensordict", "pydantic", "omegaconf", "hydra-core", "peft", "vllm", "pytest"]
+names = ["deepspeed", "transformers", "tensordict", "pydantic", "prefect", "omegaconf", "hydra-core", "peft", "vllm", "pytest"]
 def version(name):
     try:
         return metadata.version(name)
@@ -169,18 +168,26 @@ def version(name):
         return "missing"
 print(" | ".join(f"{name} {version(name)}" for name in names))
 EOF
-report '```' "" "## Tests"
+report '```' ""
 
 step "imports"
-if "$PY" -c 'import deepspeed, tensordict, pydantic, transformers, pytest
-import dataproto, stages.engines.actor, stages.engines.rollout_hf, stages.config'; then
+if "$PY" -c 'import deepspeed, tensordict, pydantic, transformers, pytest, prefect
+import dataproto, stages.engines.actor, stages.engines.rollout_hf, stages.config, flows.cli.app'; then
+    step "training: ppoflow train + resume (bench/gpu_train.py)"
+    TRAIN_REPORT=$OUT_DIR/.gpu_train.md
+    : >"$TRAIN_REPORT"
+    run_limited "training (ppoflow train + resume)" 230 \
+        "$PY" bench/gpu_train.py --report "$TRAIN_REPORT" --timeout 110
+    cat "$TRAIN_REPORT" >>"$REPORT"
+    rm -f "$TRAIN_REPORT"
+    report "" "## Tests"
     step "pytest -m gpu tests/engines/test_gpu.py"
-    run_limited "tests/engines/test_gpu.py (-m gpu)" 210 \
+    run_limited "tests/engines/test_gpu.py (-m gpu)" 120 \
         "$PY" -m pytest -m gpu tests/engines/test_gpu.py -p no:cacheprovider -q -rfE \
         2>&1 | tee /tmp/ppoflow-pytest-gpu.log
     report '```' "$(grep -E '^(FAILED|ERROR)|[0-9]+ (passed|failed|skipped|error)' /tmp/ppoflow-pytest-gpu.log | tail -20)" '```'
 else
-    report "- imports failed (deepspeed / tensordict / pydantic / ppoflow): see gpu_check.log; tests not run"
+    report "- imports failed (deepspeed / tensordict / pydantic / prefect / ppoflow): see gpu_check.log; training and tests not run"
 fi
 
 if "$PY" -c 'import vllm' 2>/dev/null; then

@@ -32,9 +32,21 @@ def tiny_model_config(
     num_kv_heads: int = 2,
     intermediate_size: int = 256,
     max_position_embeddings: int = 512,
+    vocab_size: int | None = None,
 ) -> Any:
-    """The `Qwen2Config` of the tiny model, its vocab and special ids taken from ``tokenizer``."""
+    """The `Qwen2Config` of the tiny model, its special ids taken from ``tokenizer``.
+
+    ``vocab_size``: rows of the embedding and of the LM head; None = the tokenizer's ids. A larger
+    one pads the vocabulary past the tokenizer, as real checkpoints do (Qwen2.5: 151,936 rows for
+    151,665 ids), so a model of a real model's shape and cost can be built without its tokenizer;
+    ids past the tokenizer's decode to nothing.
+    """
     from transformers import Qwen2Config
+
+    if vocab_size is not None and vocab_size < len(tokenizer):
+        raise ValueError(
+            f"vocab_size={vocab_size} must be at least the tokenizer's {len(tokenizer)} ids"
+        )
 
     if hidden_size % num_heads or hidden_size // num_heads < MIN_HEAD_DIM:
         raise ValueError(
@@ -44,7 +56,7 @@ def tiny_model_config(
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
     return Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=len(tokenizer) if vocab_size is None else vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,

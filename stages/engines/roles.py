@@ -31,6 +31,7 @@ from stages.engines.checkpoint import load_engine_checkpoint, save_engine_checkp
 from stages.engines.critic import ValueModel, compute_values, update_critic
 from stages.engines.deepspeed_setup import EngineSettings, initialize_engine, step_lr_schedule
 from stages.engines.dispatch import chunk_index
+from stages.engines.efficiency import PassMeter
 from stages.engines.logprob import ResponseLogProbModel
 from stages.engines.models import load_causal_lm, load_value_model
 from stages.engines.response_hidden import forward_layout
@@ -309,6 +310,11 @@ class ActorWorker(_CheckpointMixin):
         )
         self.vllm: Any = None  # the VLLMRollout, built on the first vLLM rollout
         self.vllm_is_stale = False  # the actor's weights changed since vLLM last got them
+        device = device_of(self.engine)
+        self.update_meter = PassMeter("perf/mfu/actor", "actor", lm.config, device, backward=True)
+        self.infer_meter = PassMeter(
+            "perf/mfu/actor_infer", "actor", lm.config, device, backward=False
+        )
 
     @property
     def lm(self) -> torch.nn.Module:
@@ -334,17 +340,20 @@ class ActorWorker(_CheckpointMixin):
 
     def compute_log_prob(self, batch: DataProto) -> DataProto:
         """Delta: ``old_log_probs`` (B, R) and ``entropys`` (B, R) at meta_info temperature."""
+        batch = on_device(batch, device_of(self.engine))
+        efficiency: dict[str, float] = {}
         self.engine.eval()
         try:
-            delta, _ = compute_log_prob(
-                self.engine,
-                on_device(batch, device_of(self.engine)),
-                log_prob_micro_batching(self.config.actor_rollout_ref.rollout),
-                calculate_entropy=True,
-            )
+            with self.infer_meter.measure(batch.batch[keys.ATTENTION_MASK], efficiency):
+                delta, _ = compute_log_prob(
+                    self.engine,
+                    batch,
+                    log_prob_micro_batching(self.config.actor_rollout_ref.rollout),
+                    calculate_entropy=True,
+                )
         finally:
             self.engine.train()
-        return on_host(delta)
+        return with_metrics(on_host(delta), efficiency)
 
     def update_actor(self, batch: DataProto) -> DataProto:
         """One training step's PPO update; metrics (``actor/*``) in meta_info; then the lr
@@ -353,13 +362,15 @@ class ActorWorker(_CheckpointMixin):
         # bypass mode runs no old_log_prob pass, which measures actor/entropy: the update does
         bypass = bool(self.config.algorithm.rollout_correction.bypass_mode)
         needs_entropy = actor.entropy_coeff != 0 or actor.calculate_entropy or bypass
-        metrics = update_actor(
-            self.engine,
-            on_device(batch, device_of(self.engine)),
-            self.update_settings,
-            actor,
-            needs_entropy=needs_entropy,
-        )
+        batch = on_device(batch, device_of(self.engine))
+        efficiency: dict[str, float] = {}
+        with self.update_meter.measure(
+            batch.batch[keys.ATTENTION_MASK], efficiency, passes=actor.ppo_epochs
+        ):
+            metrics = update_actor(
+                self.engine, batch, self.update_settings, actor, needs_entropy=needs_entropy
+            )
+        metrics.update(efficiency)
         step_lr_schedule(self.engine)
         self.vllm_is_stale = True
         return with_metrics(None, metrics)
@@ -550,6 +561,9 @@ class CriticWorker(_CheckpointMixin):
             micro=self.micro,
             loss_scale_factor=critic.loss_scale_factor,
         )
+        self.update_meter = PassMeter(
+            "perf/mfu/critic", "critic", backbone.config, device_of(self.engine), backward=True
+        )
 
     def compute_values(self, batch: DataProto) -> DataProto:
         """Delta: ``values`` (B, R) of the responses (critic.ppo_micro_batch_size_per_gpu rows
@@ -565,12 +579,13 @@ class CriticWorker(_CheckpointMixin):
     def update_critic(self, batch: DataProto) -> DataProto:
         """One training step's value update; metrics (``critic/*``) in meta_info; then the lr
         schedule advances by one step."""
-        metrics = update_critic(
-            self.engine,
-            on_device(batch, device_of(self.engine)),
-            self.update_settings,
-            self.config.critic,
-        )
+        batch = on_device(batch, device_of(self.engine))
+        efficiency: dict[str, float] = {}
+        with self.update_meter.measure(
+            batch.batch[keys.ATTENTION_MASK], efficiency, passes=self.config.critic.ppo_epochs
+        ):
+            metrics = update_critic(self.engine, batch, self.update_settings, self.config.critic)
+        metrics.update(efficiency)
         step_lr_schedule(self.engine)
         return with_metrics(None, metrics)
 

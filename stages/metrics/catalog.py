@@ -23,6 +23,8 @@ PLACEHOLDERS = {
     "stage": ".+",
     "token_stage": "gen|ref|values|adv|update_critic|update_actor",
     "role": "actor|critic|actor_infer",
+    "model_role": "actor|critic",
+    "memory_kind": "allocated|reserved",
     "seqlen_stat": "min|max|minmax_diff|balanced_min|balanced_max|mean",
     "section": "val-core|val-aux",
     "data_source": ".+",
@@ -257,9 +259,15 @@ _ENTRIES = [
     ),
     (
         "perf/mfu/{role}",
-        "Model FLOPs utilization of the actor update, critic update or actor log-prob inference: achieved FLOP/s ÷ the devices' peak FLOP/s.",
-        "peak FLOP/s of the devices used",
-        "actor/critic engines",
+        "Model FLOPs utilization of the actor update, critic update or actor log-prob inference: achieved FLOP/s ÷ the device's peak. FLOPs are verl's dense-decoder estimate over each row's real tokens (6·N per token + 12·L·heads·head_dim·s² per sequence for forward + backward, a third for inference), times ppo_epochs for an update; logged only on a device with a known dense bf16 peak (CUDA devices of stages/metrics/flops.py's table), never on the CPU. Each rank's value, averaged over ranks.",
+        "the pass's wall seconds (device synchronized) × the device's dense bf16 peak FLOP/s",
+        "actor/critic workers (stages/engines/efficiency.py)",
+    ),
+    (
+        "{model_role}/perf/max_memory_{memory_kind}_gb",
+        "The most device memory torch's allocator has allocated (or reserved) since the worker's process started, in GiB, read after the role's update (and, for the actor, its log-prob pass); the largest over ranks. Logged only where perf/mfu is (a CUDA device of the table).",
+        "none (a maximum, in GiB)",
+        "actor/critic workers (stages/engines/efficiency.py)",
     ),
     # --- actor ---
     (

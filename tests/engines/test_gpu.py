@@ -25,6 +25,7 @@ from stages.engines.deepspeed_setup import EngineSettings, initialize_engine
 from stages.engines.logprob import ResponseLogProbModel
 from stages.engines.models import load_causal_lm
 from stages.engines.rollout_hf import SamplingSettings, generate_sequences
+from stages.metrics.flops import device_peak_flops
 
 pytestmark = pytest.mark.gpu
 
@@ -248,7 +249,8 @@ def test_actor_worker_round_on_cuda(demo_model_dir):
     prompts.meta_info["temperature"] = 1.0
     gen = actor.generate_sequences(prompts).batch.cpu()
     batch = DataProto(batch=gen, non_tensor_batch={}, meta_info={"temperature": 1.0})
-    old = actor.compute_log_prob(batch).batch["old_log_probs"].cpu()
+    log_prob_out = actor.compute_log_prob(batch)
+    old = log_prob_out.batch["old_log_probs"].cpu()
     mask = gen["response_mask"].bool()
     diff = (old - gen["rollout_log_probs"]).abs()[mask]
     assert diff.max() <= BF16_MAX_ABS, diff.max()  # bf16 rollout vs bf16 recomputation
@@ -257,3 +259,8 @@ def test_actor_worker_round_on_cuda(demo_model_dir):
     metrics = actor.update_actor(batch).meta_info["metrics"]
     assert len(metrics["actor/pg_loss"].values) == 2  # 8 rows / (1 prompt × n = 4)
     assert all(torch.isfinite(torch.as_tensor(float(v))) for v in metrics["actor/pg_loss"].values)
+    # verl's efficiency metrics, on a device of the peak table (H100 / H200 where this runs)
+    if device_peak_flops(torch.cuda.get_device_name()) is not None:
+        assert 0 < metrics["perf/mfu/actor"] < 1
+        assert 0 < log_prob_out.meta_info["metrics"]["perf/mfu/actor_infer"] < 1
+        assert metrics["actor/perf/max_memory_allocated_gb"] > 0
