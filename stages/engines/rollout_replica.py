@@ -11,8 +11,9 @@ Every backend's replica is :class:`ProcessReplica`: one process of its own (spaw
 RNG is its own: the main process's draws cannot move its sampling, and the other way round),
 holding the engine its registry entry names (``RolloutBackendSpec.build_replica``):
 
-- ``hf``: HF ``generate`` on the model (:class:`HFChild`); on the CPU its parameters are views of
-  the shared buffers, so a sync copies nothing more;
+- ``hf``: HF decoding on the model (:class:`HFChild`: ``generate``, or on CUDA a static cache and
+  CUDA graphs); on the CPU its parameters are views of the shared buffers, so a sync copies
+  nothing more;
 - ``vllm``: a vLLM engine whose engine core runs in that process (:class:`VLLMChild`), loaded
   from the shared buffers as vLLM's own sync loads weights. On the CPU vLLM otherwise runs its
   engine core and its worker as two processes, the engine core polling the worker while it
@@ -194,14 +195,23 @@ def serve_replica(conn: Any, child: type, spec: dict[str, Any], threads: int) ->
 
 class HFChild:
     """The ``hf`` replica's engine: the model directory loaded with HF (``spec``: the
-    ``load_causal_lm`` arguments), generating with ``rollout_hf.generate_sequences``."""
+    ``load_causal_lm`` arguments and ``enforce_eager``), generating with
+    ``rollout_hf.generate_sequences`` by the decode path ``choose_decode_path`` picks for the
+    device (on CUDA a static cache and CUDA graphs unless ``enforce_eager``; else ``generate``).
+    A sync copies into the parameters in place, so compiled steps keep reading them."""
 
     def __init__(self, spec: dict[str, Any], device: torch.device) -> None:
         from stages.engines.models import load_causal_lm
+        from stages.engines.rollout_hf import choose_decode_path
 
+        spec = dict(spec)
+        enforce_eager = spec.pop("enforce_eager")
         self.device = device
         self.lm = load_causal_lm(**spec).eval().to(device)
         self.params = dict(self.lm.named_parameters())
+        self.decode = choose_decode_path(
+            self.lm, device, enforce_eager=enforce_eager, weights_gathered=False
+        )
 
     def load(self, buffers: dict[str, Tensor], first: bool) -> dict:
         """The parameters from the shared buffers (on the CPU they become views of them, so a
@@ -223,7 +233,7 @@ class HFChild:
     def generate(self, prompts: DataProto, settings: Any) -> DataProto:
         from stages.engines.rollout_hf import generate_sequences
 
-        return generate_sequences(self.lm, prompts, settings)
+        return generate_sequences(self.lm, prompts, settings, self.decode.run)
 
     def close(self) -> None:
         pass
@@ -271,6 +281,7 @@ def hf_replica(config: Any, tokenizer: Any) -> ProcessReplica:
         "dtype": model.dtype,
         "attn_implementation": model.attn_implementation,
         "trust_remote_code": model.trust_remote_code,
+        "enforce_eager": config.actor_rollout_ref.rollout.enforce_eager,
     }
     return ProcessReplica(config, tokenizer, HFChild, spec)
 
