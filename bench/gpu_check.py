@@ -39,6 +39,7 @@ to check the script where there is no GPU (its figures mean nothing).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -133,39 +134,72 @@ def mfu_batch(rows: int, prompt: int, response: int, vocab: int, device: str = "
     return DataProto(batch=td, non_tensor_batch={}, meta_info={})
 
 
+#: the MFU part's forward layouts (stages.engines.response_hidden.FORWARD_LAYOUTS): the padded
+#: columns some row needs, and one packed row per micro-batch by a VARLEN_KERNELS kernel
+MFU_LAYOUTS = ("trimmed", "packed")
+
+
 def mfu_part(args: argparse.Namespace) -> list[str]:
+    """The actor update's MFU at Qwen2.5-0.5B's shape (151,936-row vocabulary), padded and
+    packed: 6·N (non-embedding N) and verl's estimate (``stages.metrics.flops``: LM head and
+    attention counted, what ``perf/mfu/actor`` reports), each over the measured peak."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
     from stages.engines.actor import PPOUpdateSettings, update_actor
+    from stages.engines.attention import varlen_kernel
     from stages.engines.batching import MicroBatching
     from stages.engines.deepspeed_setup import EngineSettings, initialize_engine
     from stages.engines.logprob import ResponseLogProbModel
-    from stages.engines.models import load_causal_lm
+    from stages.metrics.flops import DecoderShape, training_flops
 
-    with tempfile.TemporaryDirectory(prefix="ppoflow-gpu-") as root:
-        lm = load_causal_lm(build_model_dir(Path(root)), dtype="bf16")
-    n_params = non_embedding_params(lm)
-    engine = initialize_engine(
-        ResponseLogProbModel(lm), EngineSettings(zero_stage=args.zero_stage, dtype="bf16", lr=1e-6)
+    cuda = torch.cuda.is_available()
+    shape = SMOKE_SHAPE if args.cpu_smoke else LORA_SHAPE
+    rows, prompt, response = (
+        (4, 8, 8) if args.cpu_smoke else (args.rows, args.prompt, args.response)
     )
-    batch = mfu_batch(args.rows, args.prompt, args.response, lm.config.vocab_size)
-    tokens = int(batch.batch["attention_mask"].sum())
-    settings = PPOUpdateSettings(
-        mini_batch_size=args.rows, micro=MicroBatching(micro_batch_size=args.micro)
-    )
-    loss = {"clip_ratio": 0.2, "loss_agg_mode": "token-mean", "entropy_coeff": 0.0}
-    seconds = cuda_seconds(lambda: update_actor(engine, batch, settings, loss), warmup=1, repeats=3)
-    tokens_s = tokens / seconds
-    achieved = 6 * n_params * tokens_s / 1e12
-    memory = torch.cuda.max_memory_allocated() / 2**30
-    return [
-        f"## Actor update MFU (DeepSpeed ZeRO-{args.zero_stage}, bf16, FusedAdam)",
-        f"- model: random Qwen2, N = {n_params / 1e6:.0f} M non-embedding parameters",
-        f"- mini-batch: {args.rows} rows × ({args.prompt} + {args.response}), micro-batch "
-        f"{args.micro} rows, {tokens} non-padding tokens; best of 3 steps: {seconds:.3f} s",
-        f"- **{tokens_s:,.0f} tokens/s**, 6·N·tokens/s = {achieved:.0f} TFLOP/s → "
-        f"**MFU {achieved / args.peak_tflops:.1%}** of {args.peak_tflops:.0f} TFLOP/s "
-        f"({achieved / 989:.1%} of the 989 datasheet figure)",
-        f"- peak GPU memory allocated: {memory:.1f} GiB",
+    micro = min(args.micro, rows)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    batch = mfu_batch(rows, prompt, response, shape["vocab_size"], "cuda" if cuda else "cpu")
+    seq_lens = batch.batch["attention_mask"].sum(-1).tolist()
+    tokens = sum(seq_lens)
+    kernel = varlen_kernel(batch.batch.device, dtype)
+    shape_name = "CPU smoke: a tiny shape" if args.cpu_smoke else "Qwen2.5-0.5B's shape"
+    lines = [
+        f"## Actor update MFU (DeepSpeed ZeRO-{args.zero_stage}, {dtype}, {shape_name})",
+        f"- mini-batch: {rows} rows × ({prompt} + {response}), micro-batch {micro} rows, "
+        f"{tokens} real tokens; best of 3 steps; packed attention kernel: "
+        f"{'none (mask)' if kernel is None else kernel.run.__name__}",
     ]
+    for layout in MFU_LAYOUTS:
+        torch.manual_seed(0)
+        with torch.device("cuda" if cuda else "cpu"):  # initialised where it trains
+            lm = Qwen2ForCausalLM(Qwen2Config(**shape)).to(dtype)
+        n_params = non_embedding_params(lm)
+        flops = training_flops(DecoderShape.of(lm.config), seq_lens)
+        engine = initialize_engine(
+            ResponseLogProbModel(lm, layout),
+            EngineSettings(zero_stage=args.zero_stage, dtype="bf16" if cuda else "fp32", lr=1e-6),
+        )
+        settings = PPOUpdateSettings(mini_batch_size=rows, micro=MicroBatching(micro))
+        loss = {"clip_ratio": 0.2, "loss_agg_mode": "token-mean", "entropy_coeff": 0.0}
+        step = functools.partial(update_actor, engine, batch, settings, loss)
+        seconds = cuda_seconds(step, warmup=1, repeats=3) if cuda else timed(step)[0]
+        six_n = 6 * n_params * tokens / seconds / 1e12
+        verl = flops / seconds / 1e12
+        memory = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+        lines.append(
+            f"- `{layout}`: {seconds:.3f} s, **{tokens / seconds:,.0f} tokens/s**; 6·N "
+            f"(N = {n_params / 1e6:.0f} M) {six_n:.0f} TFLOP/s = **MFU {six_n / args.peak_tflops:.1%}**; "
+            f"verl's estimate {verl:.0f} TFLOP/s = **{verl / args.peak_tflops:.1%}** of "
+            f"{args.peak_tflops:.0f} TFLOP/s measured ({verl / 989:.1%} of 989); peak "
+            f"allocated {memory:.1f} GiB"
+        )
+        del step, engine, lm
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+    return lines
 
 
 def prompt_batch(rows: int, width: int, vocab: int, pad: int):
@@ -439,14 +473,14 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=16, help="rows per micro-batch (mfu, lora)")
     parser.add_argument("--lora-rows", type=int, default=32, help="mini-batch rows (lora)")
     parser.add_argument(
-        "--cpu-smoke", action="store_true", help="lora / rollout on the CPU, tiny shape"
+        "--cpu-smoke", action="store_true", help="lora / rollout / mfu on the CPU, tiny shape"
     )
     parser.add_argument("--lora-variant", choices=sorted(LORA_RANKS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.lora_variant:  # one variant of the lora part, in a process of its own
         print("LORA " + json.dumps(lora_variant(args)), flush=True)
         return
-    runs_on_cpu = args.part == "lora" or (args.cpu_smoke and args.part == "rollout")
+    runs_on_cpu = args.part == "lora" or (args.cpu_smoke and args.part in ("rollout", "mfu"))
     if not torch.cuda.is_available() and not runs_on_cpu:
         raise SystemExit("gpu_check.py needs CUDA: torch.cuda.is_available() is False")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

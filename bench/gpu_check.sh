@@ -15,8 +15,10 @@
 #    log-probs, HF rollouts, micro-batch split invariance in fp32 ZeRO-2, the actor worker and its
 #    MFU / memory metrics), and tests/engines/test_rollout_vllm.py (all but `slow`, gpu ones
 #    included) when vllm imports;
-# 5. measures the GPU figures (bench/gpu_check.py): peak bf16 matmul, actor-update MFU
-#    (6·N·tokens/s ÷ peak), HF rollout tokens/s and, when vllm imports, vLLM's, LoRA rank 8 / 64
+# 5. measures the GPU figures (bench/gpu_check.py): peak bf16 matmul, actor-update MFU at
+#    Qwen2.5-0.5B's shape with padded and with packed rows (6·N·tokens/s and verl's estimate, ÷
+#    peak), HF rollout tokens/s (`generate` and the CUDA-graph decode) and, when vllm imports,
+#    vLLM's, LoRA rank 8 / 64
 #    against full training (step time, peak memory, optimizer state; a Qwen2.5-0.5B-shaped
 #    model built from a config), and the actor → vLLM weight sync's time and host memory
 #    (bench/weight_sync.py, 100M parameters);
@@ -176,13 +178,13 @@ import dataproto, stages.engines.actor, stages.engines.rollout_hf, stages.config
     step "training: ppoflow train + resume (bench/gpu_train.py)"
     TRAIN_REPORT=$OUT_DIR/.gpu_train.md
     : >"$TRAIN_REPORT"
-    run_limited "training (ppoflow train + resume)" 230 \
-        "$PY" bench/gpu_train.py --report "$TRAIN_REPORT" --timeout 110
+    run_limited "training (ppoflow train + resume)" 200 \
+        "$PY" bench/gpu_train.py --report "$TRAIN_REPORT" --timeout 95
     cat "$TRAIN_REPORT" >>"$REPORT"
     rm -f "$TRAIN_REPORT"
     report "" "## Tests"
     step "pytest -m gpu tests/engines/test_gpu.py"
-    run_limited "tests/engines/test_gpu.py (-m gpu)" 120 \
+    run_limited "tests/engines/test_gpu.py (-m gpu)" 75 \
         "$PY" -m pytest -m gpu tests/engines/test_gpu.py -p no:cacheprovider -q -rfE \
         2>&1 | tee /tmp/ppoflow-pytest-gpu.log
     report '```' "$(grep -E '^(FAILED|ERROR)|[0-9]+ (passed|failed|skipped|error)' /tmp/ppoflow-pytest-gpu.log | tail -20)" '```'
@@ -204,13 +206,13 @@ report "" "## Figures (bench/gpu_check.py)"
 FIGURES=$OUT_DIR/.gpu_figures.md
 : >"$FIGURES"
 step "peak bf16 matmul"
-run_limited "peak" 45 "$PY" bench/gpu_check.py peak --report "$FIGURES"
+run_limited "peak" 30 "$PY" bench/gpu_check.py peak --report "$FIGURES"
 peak=$(sed -n 's/.*peak_tflops=\([0-9.]*\).*/\1/p' "$FIGURES" | tail -1)
 step "actor update MFU"
-run_limited "mfu" 110 "$PY" bench/gpu_check.py mfu --report "$FIGURES" --peak-tflops "${peak:-788}" \
+run_limited "mfu" 60 "$PY" bench/gpu_check.py mfu --report "$FIGURES" --peak-tflops "${peak:-788}" \
     --zero-stage 2 --rows 64 --prompt 512 --response 512 --micro 16
 step "rollout tokens/s"
-run_limited "rollout" 110 "$PY" bench/gpu_check.py rollout --report "$FIGURES" \
+run_limited "rollout" 90 "$PY" bench/gpu_check.py rollout --report "$FIGURES" \
     --rows 256 --prompt 128 --response 256
 step "LoRA vs full training"
 run_limited "lora" 150 "$PY" bench/gpu_check.py lora --report "$FIGURES" --zero-stage 2 \

@@ -2,8 +2,8 @@
 
 GRPO with a KL loss (verl's low_var_kl, coefficient 0.001) on a random-init model of
 Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query / 2 key-value heads, MLP 4864, 151,936
-vocabulary rows; the demo's byte tokenizer), the demo task's prompts, HF rollouts, DeepSpeed
-ZeRO-2 in bf16, console and TensorBoard metrics (MLflow's wheel is too large to carry to the GPU
+vocabulary rows; the demo's byte tokenizer), the demo task's prompts, HF rollouts (the static-cache
+decode, eager unless --compiled-rollout), DeepSpeed ZeRO-2 in bf16, console and TensorBoard metrics (MLflow's wheel is too large to carry to the GPU
 machine). `--steps` steps ending with a checkpoint, then `ppoflow resume` for `--steps` more.
 
 Each step's metrics are read back from the run directory's step journals (step_N/journal.json)
@@ -44,6 +44,8 @@ QWEN_05B_SHAPE = dict(
 SMOKE_SHAPE = dict(vocab_size=151936)
 #: the report's name for the model, by --cpu-smoke
 MODEL_NAME = {False: "Qwen2.5-0.5B's shape, random init, bf16", True: "the demo model (CPU smoke)"}
+#: the report's name for the HF decode, by --compiled-rollout
+ROLLOUT_NAME = {False: "rollout.enforce_eager: no CUDA graphs", True: "CUDA graphs"}
 #: columns of the report's table: (heading, journal metric)
 STAGE_COLUMNS = (
     ("gen s", "timing_s/gen"),
@@ -96,6 +98,9 @@ def train_overrides(work: Path, args: argparse.Namespace) -> list[str]:
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
         "actor_rollout_ref.actor.optim.lr=1.0e-6",
         "actor_rollout_ref.rollout.name=hf",
+        # the static-cache decode without CUDA graphs: compiling a graph per batch size would
+        # take much of the part's time limit (the rollout part of gpu_check.py times both)
+        f"actor_rollout_ref.rollout.enforce_eager={not args.compiled_rollout}",
         f"actor_rollout_ref.rollout.n={args.n}",
         f"actor_rollout_ref.rollout.dtype={dtype}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro}",
@@ -164,6 +169,11 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU")
     parser.add_argument(
+        "--compiled-rollout",
+        action="store_true",
+        help="decode with CUDA graphs (rollout.enforce_eager=false); default: the eager loop",
+    )
+    parser.add_argument(
         "--no-tensorboard", action="store_true", help="console metrics only (no tensorboard)"
     )
     args = parser.parse_args()
@@ -198,7 +208,7 @@ def run_parts(work: Path, args: argparse.Namespace, report: list[str]) -> int:
     report.append(
         f"- run: GRPO + KL loss, {args.rows} prompts × n = {args.n} ({sequences} sequences) per step,"
         f" responses ≤ {args.response} tokens, micro-batches of {args.micro}, ZeRO-"
-        f"{0 if args.cpu_smoke else 2}, HF rollouts"
+        f"{0 if args.cpu_smoke else 2}, HF rollouts ({ROLLOUT_NAME[args.compiled_rollout]})"
     )
     config = str(REPO / "configs" / "demo-cpu.yaml")
     train = [*cli, "train", config, *train_overrides(work, args)]

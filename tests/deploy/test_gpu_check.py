@@ -112,3 +112,23 @@ def test_training_part_trains_checkpoints_and_resumes_on_the_cpu(tmp_path):
         cells = row.strip("| ").split(" | ")
         assert cells[-2:] == ["–", "–"], row
         assert all(float(cell) > 0 for cell in cells[1:5]), row  # gen, ref, update, step seconds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", ["mfu", "rollout"])
+def test_figure_parts_run_their_code_path_on_the_cpu(part, tmp_path):
+    report = tmp_path / "report.md"
+    done = subprocess.run(
+        [sys.executable, "bench/gpu_check.py", part, "--cpu-smoke", "--zero-stage", "0",
+         "--report", str(report)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = report.read_text()
+    if part == "mfu":  # both forward layouts measured
+        assert "- `trimmed`: " in text and "- `packed`: " in text
+    else:
+        assert "tokens/s" in text
