@@ -7,6 +7,7 @@ prefect or mlflow, because both read their settings on import.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -152,3 +153,35 @@ tools:
 def write_lookup_tool_config():
     """``f(path) -> path``: writes the agent tests' lookup tool config at ``path``."""
     return _file_writer(LOOKUP_TOOL_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    """A head and a worker node, 2 CPUs each (custom resources ``head_node`` / ``worker_node``),
+    every process on loopback, Ray's files in a temp dir of their own. Yields the Cluster."""
+    ray = pytest.importorskip(
+        "ray", reason="the ray extra is not installed: pip install 'ppoflow[ray]'"
+    )
+    from ray.cluster_utils import Cluster
+
+    from stages.engines.worker_group_ray import loopback_node
+
+    saved = os.environ.get("RAY_TMPDIR")
+    tmpdir = tempfile.mkdtemp(prefix="ray2n", dir="/tmp")  # short: Ray's socket paths
+    os.environ["RAY_TMPDIR"] = tmpdir
+    cluster = None
+    try:
+        with loopback_node(ray):
+            cluster = Cluster()
+            cluster.add_node(num_cpus=2, resources={"head_node": 1}, include_dashboard=False)
+            cluster.add_node(num_cpus=2, resources={"worker_node": 1})
+            cluster.wait_for_nodes()
+            yield cluster
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+        shutil.rmtree(tmpdir, ignore_errors=True)

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from stages.engines.worker_group_ray import RayWorkerGroup, connect_within, loopback_node
+from stages.engines.worker_group_ray import RayWorkerGroup, connect_within
 
 ray = pytest.importorskip(
     "ray", reason="the ray extra is not installed: pip install 'ppoflow[ray]'"
@@ -163,33 +163,6 @@ def test_a_silent_ray_address_fails_at_the_deadline_with_one_line(ray_tmpdir):
 
 
 # --- slow: a cluster of two nodes ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def two_node_cluster():
-    """A head and a worker node, 2 CPUs each (custom resources ``head_node`` / ``worker_node``),
-    every process on loopback, Ray's files in a temp dir of their own. Yields the Cluster."""
-    from ray.cluster_utils import Cluster
-
-    saved = os.environ.get("RAY_TMPDIR")
-    tmpdir = tempfile.mkdtemp(prefix="ray2n", dir="/tmp")  # short: Ray's socket paths
-    os.environ["RAY_TMPDIR"] = tmpdir
-    cluster = None
-    try:
-        with loopback_node(ray):
-            cluster = Cluster()
-            cluster.add_node(num_cpus=2, resources={"head_node": 1}, include_dashboard=False)
-            cluster.add_node(num_cpus=2, resources={"worker_node": 1})
-            cluster.wait_for_nodes()
-            yield cluster
-    finally:
-        if cluster is not None:
-            cluster.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = saved
-        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def node_ids_of(resource: str) -> set[str]:

@@ -11,16 +11,13 @@ collectives are the same either way, so both runs end with the same weights, bit
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 from flows.train import train
-from stages.engines.worker_group_ray import RayWorkerGroup, loopback_node
+from stages.engines.worker_group_ray import RayWorkerGroup
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip(
@@ -28,33 +25,6 @@ ray = pytest.importorskip(
 )
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def two_node_cluster():
-    """A head and a worker node of 2 CPUs each, their processes on loopback; Ray's files (and
-    its last-cluster file) in a temp dir of their own. Yields the cluster's address."""
-    from ray.cluster_utils import Cluster
-
-    saved = os.environ.get("RAY_TMPDIR")
-    tmpdir = tempfile.mkdtemp(prefix="ray2n", dir="/tmp")  # short: Ray's socket paths
-    os.environ["RAY_TMPDIR"] = tmpdir
-    cluster = None
-    try:
-        with loopback_node(ray):
-            cluster = Cluster()
-            cluster.add_node(num_cpus=2, resources={"head_node": 1}, include_dashboard=False)
-            cluster.add_node(num_cpus=2, resources={"worker_node": 1})
-            cluster.wait_for_nodes()
-            yield cluster.address
-    finally:
-        if cluster is not None:
-            cluster.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = saved
-        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def checkpoint_weights(actor_dir: Path) -> dict[str, torch.Tensor]:
@@ -95,7 +65,7 @@ def test_grpo_on_two_nodes_ends_like_on_one_node(
         nodes_used.append(sorted(set(table["bundles_to_node_id"].values())))
 
     monkeypatch.setattr(RayWorkerGroup, "_reserve_nodes", reserve_and_record)
-    monkeypatch.setenv("RAY_ADDRESS", two_node_cluster)
+    monkeypatch.setenv("RAY_ADDRESS", two_node_cluster.address)
     demo = make_demo_inputs(tmp_path / "demo", n_train=8, n_val=4)
     trained = {}
     for nnodes, per_node in ((2, 1), (1, 2)):
