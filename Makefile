@@ -75,7 +75,7 @@ test-vllm: install-vllm
 		tests/engines/test_vllm_in_flow.py tests/engines/test_remax_vllm.py \
 		tests/engines/test_vllm_env_prefect_home.py tests/engines/test_vllm_on_ray.py \
 		tests/engines/test_agent_vllm.py tests/engines/test_vllm_lora_export.py \
-		tests/engines/test_vllm_replica.py
+		tests/engines/test_vllm_replica.py tests/flows/test_train_ray_two_nodes.py
 
 # What CI runs: the default suite, the slow end-to-end tests, and the vLLM (CPU build) tests.
 test-all: test test-slow test-vllm
