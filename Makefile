@@ -107,3 +107,20 @@ $(BENCH_VENV)/.installed: install
 bench-env: install
 	$(PIP) install -c constraints.txt --no-deps verl==0.9.1
 	$(PIP) install -c constraints.txt ray codetiming omegaconf
+
+# The Docker images built and run, not only linted (tests/deploy/test_docker_build.py): a base
+# image from Debian's packages (docker/build_base.sh; no registry needed), the CPU image on it,
+# then in it `ppoflow --version`, two demo steps and compose.yaml's ppoflow services. As root on
+# Debian/Ubuntu it installs docker.io and debootstrap when missing and starts dockerd (vfs, no
+# bridge or iptables, which works inside a VM or container) when none answers. Not in CI: it
+# takes longer than the rest of test-all (times in docker/README.md); kept images make reruns quick.
+DOCKERD_FLAGS ?= --iptables=false --bridge=none --storage-driver=vfs
+DOCKERD_LOG ?= /tmp/ppoflow-dockerd.log
+
+.PHONY: test-docker
+test-docker: install
+	command -v docker > /dev/null && command -v debootstrap > /dev/null \
+		|| { apt-get update && apt-get install -y --no-install-recommends docker.io debootstrap; }
+	docker info > /dev/null 2>&1 || { setsid nohup dockerd $(DOCKERD_FLAGS) > $(DOCKERD_LOG) 2>&1 & \
+		for _ in $$(seq 60); do docker info > /dev/null 2>&1 && break; sleep 1; done; }
+	PPOFLOW_TEST_DOCKER=1 $(PY) -m pytest -m slow -v --durations=0 tests/deploy/test_docker_build.py

@@ -94,9 +94,38 @@ def test_cpu_image_installs_as_the_readme_does():
     torch_install = builder.index(f"-c constraints.txt torch=={torch_pin}")
     project_install = builder.index("pip install -c constraints.txt -e '.[ray]'")
     assert torch_install < project_install  # torch first, then ppoflow with the constraints
-    assert '--extra-index-url "${TORCH_INDEX_URL}"' in builder
+    # PyTorch's CPU index, or wheels put in docker/wheels/ with TORCH_INDEX_URL empty
+    assert '${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"}' in builder
     assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in builder
+    assert "COPY docker/wheels /tmp/wheels" in builder and "--find-links /tmp/wheels" in builder
     assert "DS_BUILD_SHM_COMM=1 DS_BUILD_CPU_ADAM=1" in builder  # ops built ahead of time
+
+
+@pytest.mark.parametrize(
+    ("kind", "bases"),
+    [
+        ("cpu", {"builder": "${BASE_IMAGE}", "test": "builder", "runtime": "${BASE_IMAGE}"}),
+        ("cuda", {"builder": "${BUILDER_IMAGE}", "runtime": "${RUNTIME_IMAGE}"}),
+    ],
+)
+def test_base_images_are_build_arguments(kind, bases):
+    """Every stage starts from a build argument (or another stage), so a base from elsewhere
+    (docker/build_base.sh, a registry mirror) needs no edit of the Dockerfile."""
+    found = {name: lines[0].split()[1] for name, lines in stages(DOCKERFILES[kind]).items()}
+    assert found == bases
+
+
+def test_debian_base_matches_the_cpu_image_default():
+    """docker/build_base.sh debootstraps the Debian release of the default base, whose Python
+    is the default PYTHON_VERSION (bookworm: 3.11), the Python of constraints.txt's torch wheel."""
+    text = DOCKERFILES["cpu"].read_text(encoding="utf-8")
+    python = re.search(r"^ARG PYTHON_VERSION=(\S+)$", text, re.M).group(1)
+    default = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M).group(1)
+    script = (REPO / "docker" / "build_base.sh").read_text(encoding="utf-8")
+    suite = re.search(r"^suite=(\S+)$", script, re.M).group(1)
+    assert default == f"python:${{PYTHON_VERSION}}-slim-{suite}"
+    assert {"bookworm": "3.11"}[suite] == python
+    assert "python-is-python3" in script and "python3-venv" in script  # `python -m venv`
 
 
 def test_cpu_test_stage_runs_the_fast_subset():
@@ -132,8 +161,12 @@ def test_cuda_image_pins_agree_with_its_constraints():
     assert f"torch       {pins['torch']}" in text and f"vLLM        {pins['vllm']}" in text
     cuda = re.search(r"^ARG CUDA_VERSION=(\d+\.\d+)\.\d+$", text, flags=re.MULTILINE).group(1)
     assert f"CUDA {cuda}" in text and f"cu{cuda.replace('.', '')}" in text
-    assert re.search(r"FROM nvidia/cuda:\$\{CUDA_VERSION\}-devel-ubuntu\S+ AS builder", text)
-    assert re.search(r"FROM nvidia/cuda:\$\{CUDA_VERSION\}-runtime-ubuntu\S+ AS runtime", text)
+    assert re.search(
+        r"^ARG BUILDER_IMAGE=nvidia/cuda:\$\{CUDA_VERSION\}-devel-ubuntu\S+$", text, re.M
+    )
+    assert re.search(
+        r"^ARG RUNTIME_IMAGE=nvidia/cuda:\$\{CUDA_VERSION\}-runtime-ubuntu\S+$", text, re.M
+    )
 
 
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
@@ -178,6 +211,7 @@ def test_dockerignore_keeps_environments_outputs_and_caches_out(path, dockerigno
         "tests/deploy/test_dockerfiles.py",
         "docker/.env.example",
         "configs/gpu-8x.yaml",
+        "docker/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",  # offline torch
     ],
 )
 def test_dockerignore_keeps_the_sources(path, dockerignore):
