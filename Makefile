@@ -112,8 +112,8 @@ bench-env: install
 # image from Debian's packages (docker/build_base.sh; no registry needed), the CPU image on it,
 # then in it `ppoflow --version`, two demo steps and compose.yaml's ppoflow services. As root on
 # Debian/Ubuntu it installs docker.io and debootstrap when missing and starts dockerd (vfs, no
-# bridge or iptables, which works inside a VM or container) when none answers. Not in CI: it
-# takes longer than the rest of test-all (times in docker/README.md); kept images make reruns quick.
+# bridge or iptables, which works inside a VM or container) when none answers. Not in CI: the first
+# run takes about 40 minutes on 2 cores, longer than the rest of test-all (docker/README.md).
 DOCKERD_FLAGS ?= --iptables=false --bridge=none --storage-driver=vfs
 DOCKERD_LOG ?= /tmp/ppoflow-dockerd.log
 

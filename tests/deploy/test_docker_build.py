@@ -74,7 +74,7 @@ def _no_daemon() -> str | None:
 def base_image() -> str:
     """``ppoflow-base:bookworm``, built by docker/build_base.sh unless the tag exists."""
     if os.environ.get("PPOFLOW_TEST_DOCKER") != "1":
-        pytest.skip("builds Docker images (half an hour at first): `make test-docker` runs it")
+        pytest.skip("builds Docker images (40 min at first): `make test-docker` runs it")
     if reason := _no_daemon():
         pytest.skip(reason)
     if docker("image", "inspect", BASE_IMAGE, check=False).returncode == 0:
