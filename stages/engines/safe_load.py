@@ -5,10 +5,15 @@ with ``weights_only=False`` calls. DeepSpeed 0.19 loads its own files that way
 (``TorchCheckpointEngine.load``, ``deepspeed.utils.zero_to_fp32``), so ppoflow reads every
 checkpoint file through :func:`weights_only_load` instead: torch's restricted unpickler builds
 tensors, containers and plain values, plus exactly the DeepSpeed classes its state files hold
-(:data:`DEEPSPEED_STATE_TYPES`, found by saving ZeRO 0 / 1 / 2 / 3 checkpoints of an actor and a
+(:func:`deepspeed_state_types`, found by saving ZeRO 0 / 1 / 2 / 3 checkpoints of an actor and a
 critic in float32 and bfloat16 and loading each file: the model-state files need none, the
 optimizer-state files of ZeRO 1–3 the stage enum and the loss scaler, those of ZeRO 1–2 also a
-tensor fragment's address). Any other global is refused before it is built, with one
+tensor fragment's address). An enum member is pickled by the enum's ``__reduce_ex__``: by value,
+``ZeroStageEnum(2)``, in CPython 3.11.7 and 3.12, but by name, ``getattr(ZeroStageEnum,
+'optimizer_states')``, in early 3.11 releases (Debian bookworm's 3.11.2 among them); so the
+global ``builtins.getattr`` is allowed as :func:`enum_member_by_name`, which builds exactly a
+member, by its name, of an enum class among those types and refuses every other ``getattr``.
+Any other global is refused before it is built, with one
 :class:`~stages.engines.checkpoint_manifest.CheckpointIntegrityError` line naming the file and
 the global and saying that the file holds a pickled object safe loading refuses (a crafted
 checkpoint whose manifest was re-recorded passes the digest check and stops here); torch's own
@@ -23,6 +28,7 @@ advice to load such a file unsafely is never passed on.
 
 from __future__ import annotations
 
+import enum
 import os
 import pickle
 import re
@@ -59,10 +65,35 @@ def deepspeed_state_types() -> list[type]:
     return [ZeroStageEnum, LossScaler, fragment_address]
 
 
+def enum_member_by_name(cls: Any, name: Any) -> enum.Enum:
+    """``builtins.getattr`` as an enum member's pickle calls it (module docstring):
+    ``cls[name]`` when ``cls`` is an enum class among :func:`deepspeed_state_types` and ``name``
+    one of its members' names.
+
+    Raises:
+        pickle.UnpicklingError: any other ``getattr`` (another object, an attribute that is
+            not a member); the message names the global as torch's own refusals do.
+    """
+    allowed = [t for t in deepspeed_state_types() if isinstance(t, enum.EnumMeta)]
+    if cls in allowed and isinstance(name, str) and name in cls.__members__:
+        return cls[name]
+    target = getattr(cls, "__qualname__", type(cls).__qualname__)
+    raise pickle.UnpicklingError(
+        f"Unsupported global: GLOBAL builtins.getattr, called on {target[:80]} with "
+        f"{str(name)[:80]!r} (only a member of an allowed enum class is built by name)"
+    )
+
+
+def _allowed_globals() -> list[Any]:
+    """What :func:`weights_only_load` allows beyond torch's own list."""
+    return [*deepspeed_state_types(), (enum_member_by_name, "builtins.getattr")]
+
+
 def weights_only_load(
     path: str | os.PathLike, map_location: Any = None, *, mmap: bool = False
 ) -> Any:
-    """``torch.load(path, weights_only=True)`` allowing :func:`deepspeed_state_types`.
+    """``torch.load(path, weights_only=True)`` allowing :func:`deepspeed_state_types` and
+    their enum members pickled by name (:func:`enum_member_by_name`).
 
     Raises:
         CheckpointIntegrityError: the file holds a pickled object safe loading refuses (the
@@ -70,7 +101,7 @@ def weights_only_load(
             Neither line advises loading the file unsafely.
     """
     try:
-        with torch.serialization.safe_globals(deepspeed_state_types()):
+        with torch.serialization.safe_globals(_allowed_globals()):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         refused = _refused_object(str(err))
@@ -183,6 +214,7 @@ def weights_only_torch(module: types.ModuleType) -> Iterator[None]:
 
 __all__ = [
     "deepspeed_state_types",
+    "enum_member_by_name",
     "install_weights_only_loader",
     "weights_only_load",
     "weights_only_torch",

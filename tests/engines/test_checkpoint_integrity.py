@@ -4,12 +4,15 @@ A pickle payload (an object whose ``__reduce__`` creates a marker file) planted 
 of an engine checkpoint — DeepSpeed's model states and optimizer states under ZeRO 0–3, the LR
 schedule, the RNG states — is refused with one line naming the file and the global, and the
 marker is never written; DeepSpeed's own failures on a damaged optimizer state are one line, not a
-bare ``StopIteration``. The digests of the step manifest are tested in
+bare ``StopIteration``. Files written by a Python that pickles enum members by name (CPython
+3.11.2, Debian bookworm's) load, and that ``getattr`` builds nothing else. The digests of the step manifest are tested in
 tests/flows/test_checkpoint_integrity.py.
 """
 
 from __future__ import annotations
 
+import enum
+import pickle
 import re
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from stages.engines.logprob import ResponseLogProbModel
 from stages.engines.models import load_causal_lm, load_value_model
 from stages.engines.safe_load import (
     WeightsOnlyCheckpointEngine,
+    enum_member_by_name,
     install_weights_only_loader,
     weights_only_load,
 )
@@ -137,3 +141,68 @@ def test_the_weights_only_loader_is_installed_once_and_only_over_torchs(tiny_mod
     engine.checkpoint_engine = object()
     with pytest.raises(TypeError, match="reads checkpoints with object"):
         install_weights_only_loader(engine)
+
+
+def pickle_enums_by_name(monkeypatch) -> None:
+    """Make this process pickle an enum member as CPython 3.11.2 does: ``getattr(cls, name)``."""
+    monkeypatch.setattr(
+        enum.Enum, "__reduce_ex__", lambda self, proto: (getattr, (type(self), self._name_))
+    )
+
+
+class ByName:
+    """Pickles as ``getattr(target, name)``: a crafted file's use of the allowed ``getattr``."""
+
+    def __init__(self, target, name: str) -> None:
+        self.target, self.name = target, name
+
+    def __reduce__(self):
+        return (getattr, (self.target, self.name))
+
+
+def test_an_enum_member_pickled_by_name_loads_as_that_member(tmp_path, monkeypatch):
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    pickle_enums_by_name(monkeypatch)
+    file = tmp_path / "stage.pt"
+    torch.save({"zero_stage": ZeroStageEnum.gradients, "w": torch.ones(2)}, file)
+    assert "builtins.getattr" in torch.serialization.get_unsafe_globals_in_checkpoint(file)
+    with pytest.raises(pickle.UnpicklingError, match="GLOBAL getattr was not an allowed"):
+        torch.load(file, weights_only=True)  # torch's own weights-only load refuses the file
+    state = weights_only_load(file)
+    assert state["zero_stage"] is ZeroStageEnum.gradients and state["w"].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("target", "name"),
+    [
+        ("ZeroStageEnum", "mro"),  # an allowed enum class, but not a member's name
+        ("ZeroStageEnum", "_member_map_"),
+        ("LossScaler", "update_scale"),  # an allowed class that is not an enum
+        ("Tensor", "__setattr__"),  # a class torch itself allows
+    ],
+)
+def test_getattr_builds_nothing_but_an_allowed_enum_member(tmp_path, target, name):
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    cls = {"ZeroStageEnum": ZeroStageEnum, "LossScaler": LossScaler, "Tensor": torch.Tensor}
+    file = tmp_path / "crafted.pt"
+    torch.save({"x": ByName(cls[target], name)}, file)
+    with pytest.raises(CheckpointIntegrityError) as refused:
+        weights_only_load(file)
+    line = str(refused.value)
+    assert "crafted.pt: it names builtins.getattr" in line and "\n" not in line
+    with pytest.raises(pickle.UnpicklingError, match=f"called on {target}"):
+        enum_member_by_name(cls[target], name)
+
+
+def test_an_engine_checkpoint_written_with_enums_by_name_resumes(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    pickle_enums_by_name(monkeypatch)
+    engine = make_engine(tiny_model_dir, "critic", 1)
+    path = save_engine_checkpoint(engine, tmp_path / "ckpt", client_state={"global_step": 3})
+    (optim,) = path.glob("state/*optim_states.pt")
+    assert "builtins.getattr" in torch.serialization.get_unsafe_globals_in_checkpoint(optim)
+    assert load_engine_checkpoint(engine, path) == {"global_step": 3}
