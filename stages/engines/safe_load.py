@@ -77,10 +77,10 @@ def enum_member_by_name(cls: Any, name: Any) -> enum.Enum:
     allowed = [t for t in deepspeed_state_types() if isinstance(t, enum.EnumMeta)]
     if cls in allowed and isinstance(name, str) and name in cls.__members__:
         return cls[name]
-    target = getattr(cls, "__qualname__", type(cls).__qualname__)
+    target = str(getattr(cls, "__qualname__", type(cls).__qualname__))
     raise pickle.UnpicklingError(
-        f"Unsupported global: GLOBAL builtins.getattr, called on {target[:80]} with "
-        f"{str(name)[:80]!r} (only a member of an allowed enum class is built by name)"
+        f"Unsupported global: GLOBAL builtins.getattr (called on {target[:80]} with "
+        f"{str(name)[:80]!r}; only a member of an allowed enum class is built by name)"
     )
 
 
