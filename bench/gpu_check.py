@@ -54,6 +54,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+#: Qwen2.5-0.5B's shape (its config.json: the mfu and lora parts, bench/gpu_train.py), built at
+#: random from a config: nothing is downloaded
+QWEN_05B_CONFIG = dict(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+)
+#: the ``--cpu-smoke`` shape: the script's path on a machine without a GPU
+SMOKE_SHAPE = dict(QWEN_05B_CONFIG, vocab_size=512, hidden_size=64, intermediate_size=128,
+                   num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+#: the rollout part's model: the shape of the first GPU check's rollout figures
 MODEL_SHAPE = dict(
     hidden_size=1024,
     num_layers=24,
@@ -153,7 +169,7 @@ def mfu_part(args: argparse.Namespace) -> list[str]:
     from stages.metrics.flops import DecoderShape, training_flops
 
     cuda = torch.cuda.is_available()
-    shape = SMOKE_SHAPE if args.cpu_smoke else LORA_SHAPE
+    shape = SMOKE_SHAPE if args.cpu_smoke else QWEN_05B_CONFIG
     rows, prompt, response = (
         (4, 8, 8) if args.cpu_smoke else (args.rows, args.prompt, args.response)
     )
@@ -329,20 +345,6 @@ def rollout_part(args: argparse.Namespace) -> list[str]:
     return lines
 
 
-#: Qwen2.5-0.5B's shape (its config.json), built at random from a config: nothing is downloaded
-LORA_SHAPE = dict(
-    vocab_size=151936,
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
-    tie_word_embeddings=True,
-)
-#: the ``--cpu-smoke`` shape: the script's path on a machine without a GPU
-SMOKE_SHAPE = dict(LORA_SHAPE, vocab_size=512, hidden_size=64, intermediate_size=128,
-                   num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
 LORA_RANKS = {"full": 0, "lora-r8": 8, "lora-r64": 64}
 
 
@@ -358,7 +360,7 @@ def lora_variant(args: argparse.Namespace) -> dict[str, float]:
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", "bf16") if cuda else ("cpu", "float32")
-    shape = SMOKE_SHAPE if args.cpu_smoke else LORA_SHAPE
+    shape = SMOKE_SHAPE if args.cpu_smoke else QWEN_05B_CONFIG
     torch.manual_seed(0)
     with torch.device(device):
         lm = Qwen2ForCausalLM(Qwen2Config(**shape)).to(torch.bfloat16 if cuda else torch.float32)

@@ -30,18 +30,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-#: Qwen2.5-0.5B's sizes (its config.json), for make_tiny_model
+from bench.gpu_check import QWEN_05B_CONFIG  # noqa: E402
+
+#: Qwen2.5-0.5B's sizes as make_tiny_model's arguments (tied embeddings, as it builds them)
 QWEN_05B_SHAPE = dict(
-    hidden_size=896,
-    num_layers=24,
-    num_heads=14,
-    num_kv_heads=2,
-    intermediate_size=4864,
-    vocab_size=151936,
-    max_position_embeddings=4096,
+    hidden_size=QWEN_05B_CONFIG["hidden_size"],
+    num_layers=QWEN_05B_CONFIG["num_hidden_layers"],
+    num_heads=QWEN_05B_CONFIG["num_attention_heads"],
+    num_kv_heads=QWEN_05B_CONFIG["num_key_value_heads"],
+    intermediate_size=QWEN_05B_CONFIG["intermediate_size"],
+    vocab_size=QWEN_05B_CONFIG["vocab_size"],
+    max_position_embeddings=QWEN_05B_CONFIG["max_position_embeddings"],
 )
 #: the CPU smoke's model: the demo's, with the real vocabulary size (the largest tensor of a step)
-SMOKE_SHAPE = dict(vocab_size=151936)
+SMOKE_SHAPE = dict(vocab_size=QWEN_05B_CONFIG["vocab_size"])
 #: the report's name for the model, by --cpu-smoke
 MODEL_NAME = {False: "Qwen2.5-0.5B's shape, random init, bf16", True: "the demo model (CPU smoke)"}
 #: the report's name for the HF decode, by --compiled-rollout
